@@ -1,0 +1,39 @@
+"""rllib_recorder: keep every experience RLlib's env runners sample, in per-runner HDF5 files."""
+
+__version__ = "0.1.0"
+
+from rllib_recorder.config import RecorderConfig  # noqa: E402
+from rllib_recorder.errors import (  # noqa: E402
+    ConfigError,
+    ConversionError,
+    OutputDirError,
+    RecorderError,
+    SchemaError,
+    WriterError,
+)
+
+__all__ = [
+    "RecorderCallback",
+    "RecorderConfig",
+    "RecorderError",
+    "ConfigError",
+    "ConversionError",
+    "OutputDirError",
+    "SchemaError",
+    "WriterError",
+    "open_run",
+    "__version__",
+]
+
+
+def __getattr__(name: str):
+    # RLlib is heavy to import: load the callback and reader only when asked for.
+    if name == "RecorderCallback":
+        from rllib_recorder.callback import RecorderCallback
+
+        return RecorderCallback
+    if name == "open_run":
+        from rllib_recorder.reader import open_run
+
+        return open_run
+    raise AttributeError(f"module 'rllib_recorder' has no attribute {name!r}")

@@ -1,0 +1,146 @@
+"""RecorderConfig: the one frozen, validated settings object of a recording."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from rllib_recorder.errors import ConfigError, OutputDirError
+
+BACKPRESSURE_POLICIES = ("block", "drop")
+COMPRESSIONS = ("gzip", "lzf", "none")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecorderConfig:
+    """Settings of one recording; validated once, when built.
+
+    Attributes:
+        output_dir: Directory under which each run gets its own sub-directory.
+        run_name: Name of the run directory; default: ``<algo>-<env>-<time>-<id>``
+            (the trial name under Tune).
+        num_writers: Writer actors in the pool; env runner k writes through
+            writer ``k % num_writers``.
+        max_in_flight: Window: chunks an env runner may have sent but not yet had
+            acknowledged. When full, ``backpressure`` decides.
+        backpressure: ``"block"`` (lossless: the sampler waits for an
+            acknowledgement) or ``"drop"`` (the new chunk is dropped and counted).
+        coalesce_rows: Samples are held in the env runner until this many rows
+            are pending, so that small batches do not cost one actor call each.
+            ``0`` sends every sample at once.
+        coalesce_s: Held rows are sent at the latest after this many seconds.
+        compression: HDF5 filter for step columns: ``gzip``, ``lzf`` or ``none``.
+        compression_level: gzip level, 0-9.
+        hdf5_chunk_bytes: Target size of one HDF5 chunk of a column.
+        record_infos: Store env infos (JSON); ``False`` drops them.
+        record_extra_model_outputs: Store action log-probs, distribution inputs,
+            value predictions and other extra model outputs.
+        record_evaluation: Record evaluation env runners into ``eval-`` files.
+        fail_on_error: Raise (and stop training) at the next train result when
+            any recorder error happened; by default errors are only counted.
+        fsync: ``os.fsync`` each file before acknowledging (survives an OS crash,
+            not only a process kill; slower).
+        drain_timeout_s: How long stopping the algorithm waits for writers to
+            acknowledge the last chunks.
+        writer_max_restarts: Ray restarts of a crashed writer actor (-1: unlimited).
+    """
+
+    output_dir: str = "recordings"
+    run_name: str | None = None
+    num_writers: int = 1
+    max_in_flight: int = 4
+    backpressure: str = "block"
+    coalesce_rows: int = 1024
+    coalesce_s: float = 2.0
+    compression: str = "gzip"
+    compression_level: int = 1
+    hdf5_chunk_bytes: int = 1 << 20
+    record_infos: bool = True
+    record_extra_model_outputs: bool = True
+    record_evaluation: bool = True
+    fail_on_error: bool = False
+    fsync: bool = False
+    drain_timeout_s: float = 120.0
+    writer_max_restarts: int = -1
+
+    def __post_init__(self) -> None:
+        _check_type(self)
+        _check_int(self, "num_writers", 1, "use at least one writer actor")
+        _check_int(self, "max_in_flight", 1, "the window must allow one chunk in flight")
+        _check_int(self, "coalesce_rows", 0, "use 0 to send every sample at once")
+        _check_int(self, "compression_level", 0, "gzip levels are 0-9", high=9)
+        _check_int(self, "hdf5_chunk_bytes", 1024, "use at least 1024 bytes per HDF5 chunk")
+        _check_int(self, "writer_max_restarts", -1, "use -1 for unlimited restarts")
+        _check_choice(self, "backpressure", BACKPRESSURE_POLICIES)
+        _check_choice(self, "compression", COMPRESSIONS)
+        if self.coalesce_s < 0:
+            _fail("coalesce_s", self.coalesce_s, "use a number of seconds >= 0")
+        if self.drain_timeout_s <= 0:
+            _fail("drain_timeout_s", self.drain_timeout_s, "use a number of seconds > 0")
+        if not str(self.output_dir).strip():
+            _fail("output_dir", self.output_dir, "name a directory, e.g. 'recordings'")
+        if self.run_name is not None and (not self.run_name or os.sep in self.run_name):
+            _fail("run_name", self.run_name, "use a plain directory name without '/'")
+
+    @classmethod
+    def from_dict(cls, settings: Mapping[str, Any] | None) -> "RecorderConfig":
+        """Builds a config from a mapping (e.g. a YAML ``recorder:`` block)."""
+        settings = dict(settings or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown recorder setting {unknown[0]!r}; valid settings are: "
+                f"{', '.join(sorted(known))}"
+            )
+        return cls(**settings)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as a plain, JSON-serialisable dict."""
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> "RecorderConfig":
+        """A copy with some settings changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def check_output_dir(self) -> str:
+        """Creates ``output_dir`` if needed and proves it writable; returns its absolute path."""
+        path = os.path.abspath(os.path.expanduser(self.output_dir))
+        try:
+            os.makedirs(path, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+                pass
+        except OSError as e:
+            raise OutputDirError(
+                f"output_dir {path!r} is not writable ({e.strerror or e}); "
+                "choose a directory you can write to with output_dir=..."
+            ) from None
+        return path
+
+
+def _fail(field: str, value: Any, fix: str) -> None:
+    raise ConfigError(f"invalid recorder setting {field}={value!r}: {fix}")
+
+
+def _check_type(config: RecorderConfig) -> None:
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        expected = {"int": int, "float": (int, float), "bool": bool, "str": str}.get(str(f.type))
+        if expected is None or value is None and "None" in str(f.type):
+            continue
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            _fail(f.name, value, f"expected a value of type {f.type}")
+
+
+def _check_int(config: RecorderConfig, field: str, low: int, fix: str, high: int | None = None) -> None:
+    value = getattr(config, field)
+    if value < low or (high is not None and value > high):
+        _fail(field, value, fix)
+
+
+def _check_choice(config: RecorderConfig, field: str, choices: tuple[str, ...]) -> None:
+    if getattr(config, field) not in choices:
+        _fail(field, getattr(config, field), f"choose one of {', '.join(choices)}")

@@ -1,0 +1,335 @@
+"""Pure conversion of RLlib samples (episodes, SampleBatch, MultiAgentBatch) into columnar chunks."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from rllib_recorder.errors import ConversionError
+
+DEFAULT_AGENT = "default_agent"
+EPS_ID_DTYPE = np.dtype("S36")
+# SampleBatch columns with a fixed place in the schema; every other per-row column
+# of an old-stack batch is kept under extra_model_outputs/.
+_OLD_STACK_KNOWN = {
+    "obs", "new_obs", "actions", "rewards", "terminateds", "truncateds", "infos",
+    "eps_id", "t", "unroll_id", "agent_index", "weights_seq_no", "dones",
+}  # fmt: skip
+
+
+@dataclass
+class Stream:
+    """The rows of one agent (or, on the old stack, one policy) in a chunk.
+
+    ``steps`` maps column paths (``obs``, ``obs/pos``, ``actions``, ``rewards``,
+    ...) to arrays with one row per step; ``fragments`` maps column paths to arrays
+    with one row per episode fragment; ``containers`` marks nested groups
+    (``{"obs": "dict"}``) so a reader can rebuild Dict and Tuple values.
+    """
+
+    steps: dict[str, np.ndarray]
+    fragments: dict[str, np.ndarray]
+    containers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.steps["rewards"])
+
+    def __repr__(self) -> str:
+        cols = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in self.steps.items())
+        return f"Stream(rows={self.num_rows}, fragments={len(self.fragments['eps_id'])}, {cols})"
+
+
+@dataclass
+class Chunk:
+    """Everything one or more ``on_sample_end`` calls of one env runner produced."""
+
+    streams: dict[str, Stream]
+    env_steps: int
+    num_samples: int = 1
+    sampled_at_s: float = 0.0
+
+    @property
+    def agent_steps(self) -> int:
+        return sum(s.num_rows for s in self.streams.values())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(
+            a.nbytes for s in self.streams.values() for cols in (s.steps, s.fragments)
+            for a in cols.values()
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"Chunk(env_steps={self.env_steps}, agent_steps={self.agent_steps}, "
+            f"samples={self.num_samples}, streams={self.streams!r})"
+        )
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """What to keep when converting (mirrors the recorder settings)."""
+
+    record_infos: bool = True
+    record_extra_model_outputs: bool = True
+
+
+def episodes_to_chunk(
+    episodes: Sequence[Any], options: ConvertOptions = ConvertOptions(), sampled_at_s: float = 0.0
+) -> Chunk:
+    """Converts new-stack ``SingleAgentEpisode``/``MultiAgentEpisode`` fragments to a chunk."""
+    parts: dict[str, list[Stream]] = {}
+    env_steps = 0
+    for episode in episodes:
+        if hasattr(episode, "agent_episodes"):
+            env_steps += int(episode.env_steps())
+            for agent_id, agent_episode in episode.agent_episodes.items():
+                if len(agent_episode) == 0:
+                    continue
+                stream = _single_episode_stream(
+                    agent_episode, str(episode.id_), agent_episode.module_id, options
+                )
+                parts.setdefault(str(agent_id), []).append(stream)
+        else:
+            env_steps += len(episode)
+            if len(episode) == 0:
+                continue
+            stream = _single_episode_stream(episode, str(episode.id_), episode.module_id, options)
+            parts.setdefault(_agent_key(episode.agent_id), []).append(stream)
+    streams = {key: concat_streams(group) for key, group in parts.items()}
+    return Chunk(streams=streams, env_steps=env_steps, sampled_at_s=sampled_at_s)
+
+
+def batch_to_chunk(
+    batch: Any, options: ConvertOptions = ConvertOptions(), policy_version: int = -1,
+    sampled_at_s: float = 0.0,
+) -> Chunk:
+    """Converts an old-stack ``SampleBatch`` or ``MultiAgentBatch`` to a chunk.
+
+    A ``MultiAgentBatch`` gives one stream per policy; its rows keep their
+    ``agent_index``. ``policy_version`` is the worker's ``weights_seq_no``.
+    """
+    if hasattr(batch, "policy_batches"):
+        policy_batches, env_steps = batch.policy_batches, int(batch.env_steps())
+    else:
+        policy_batches, env_steps = {"default_policy": batch}, len(batch["rewards"])
+    single_agent = list(policy_batches) == ["default_policy"] and not np.any(
+        np.asarray(policy_batches["default_policy"].get("agent_index", 0))
+    )
+    streams = {
+        DEFAULT_AGENT if single_agent else str(policy_id): _sample_batch_stream(
+            policy_batch, str(policy_id), options, policy_version
+        )
+        for policy_id, policy_batch in policy_batches.items()
+        if len(policy_batch["rewards"])
+    }
+    return Chunk(streams=streams, env_steps=env_steps, sampled_at_s=sampled_at_s)
+
+
+def concat_streams(streams: Sequence[Stream]) -> Stream:
+    """Concatenates streams of one agent row-wise; their columns must match."""
+    if len(streams) == 1:
+        return streams[0]
+    first = streams[0]
+    for other in streams[1:]:
+        if other.steps.keys() != first.steps.keys() or other.fragments.keys() != first.fragments.keys():
+            missing = sorted(set(first.steps) ^ set(other.steps) | set(first.fragments) ^ set(other.fragments))
+            raise ConversionError(
+                f"cannot merge samples whose columns differ ({', '.join(missing)}); "
+                "every episode of one agent must carry the same columns"
+            )
+    return Stream(
+        steps={k: np.concatenate([s.steps[k] for s in streams]) for k in first.steps},
+        fragments={k: np.concatenate([s.fragments[k] for s in streams]) for k in first.fragments},
+        containers={k: v for s in streams for k, v in s.containers.items()},
+    )
+
+
+def merge_chunks(chunks: Sequence[Chunk]) -> Chunk:
+    """Coalesces several chunks of one env runner into one (streams concatenated in order)."""
+    if len(chunks) == 1:
+        return chunks[0]
+    keys: list[str] = []
+    for chunk in chunks:
+        keys.extend(k for k in chunk.streams if k not in keys)
+    streams = {
+        key: concat_streams([c.streams[key] for c in chunks if key in c.streams]) for key in keys
+    }
+    return Chunk(
+        streams=streams,
+        env_steps=sum(c.env_steps for c in chunks),
+        num_samples=sum(c.num_samples for c in chunks),
+        sampled_at_s=chunks[0].sampled_at_s,
+    )
+
+
+def flatten_value(prefix: str, value: Any, containers: dict[str, str]) -> dict[str, np.ndarray]:
+    """Flattens a batched (possibly nested Dict/Tuple) value to ``{path: array}``.
+
+    Dict keys and tuple positions become path components; ``containers`` records
+    which paths are dicts and which are tuples.
+    """
+    if isinstance(value, Mapping):
+        containers[prefix] = "dict"
+        out: dict[str, np.ndarray] = {}
+        for key in value:
+            if "/" in str(key):
+                raise ConversionError(f"space key {key!r} in {prefix!r} contains '/'; rename the key")
+            out.update(flatten_value(f"{prefix}/{key}", value[key], containers))
+        return out
+    if isinstance(value, tuple):
+        containers[prefix] = "tuple"
+        out = {}
+        for i, item in enumerate(value):
+            out.update(flatten_value(f"{prefix}/{i}", item, containers))
+        return out
+    array = np.asarray(value)
+    if array.dtype.kind == "U":  # gymnasium Text spaces: store UTF-8 bytes (HDF5 has no UCS-4)
+        return {prefix: np.char.encode(array, "utf-8")}
+    if array.dtype == object:
+        raise ConversionError(
+            f"column {prefix!r} holds Python objects, not numbers; "
+            "use a gymnasium space with a numeric dtype"
+        )
+    return {prefix: array}
+
+
+def infos_to_json(infos: Iterable[Any]) -> str:
+    """Encodes a fragment's infos as one JSON list (numpy values become lists/numbers)."""
+    return json.dumps(list(infos), default=_json_default, separators=(",", ":"))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return repr(value)
+
+
+def _agent_key(agent_id: Any) -> str:
+    return DEFAULT_AGENT if agent_id is None else str(agent_id)
+
+
+def _eps_ids(eps_id: Any, n: int) -> np.ndarray:
+    encoded = str(eps_id).encode()
+    if len(encoded) > EPS_ID_DTYPE.itemsize:
+        raise ConversionError(
+            f"episode id {eps_id!r} is longer than {EPS_ID_DTYPE.itemsize} bytes; "
+            "use RLlib's default (uuid hex) episode ids"
+        )
+    return np.full(n, encoded, dtype=EPS_ID_DTYPE)
+
+
+def _single_episode_stream(episode: Any, eps_id: str, module_id: Any, options: ConvertOptions) -> Stream:
+    n = len(episode)
+    containers: dict[str, str] = {}
+    observations = episode.get_observations()
+    obs_cols = flatten_value("obs", observations, containers)
+    num_obs = len(next(iter(obs_cols.values())))
+    if num_obs not in (n, n + 1):
+        raise ConversionError(
+            f"episode {eps_id} has {num_obs} observations for {n} actions; "
+            "expected one more observation than actions"
+        )
+    steps = {k: v[:n] for k, v in obs_cols.items()}
+    steps.update(flatten_value("actions", episode.get_actions(), containers))
+    steps["rewards"] = np.asarray(episode.get_rewards())
+    steps["terminateds"] = np.zeros(n, dtype=bool)
+    steps["truncateds"] = np.zeros(n, dtype=bool)
+    steps["terminateds"][-1] = bool(episode.is_terminated)
+    steps["truncateds"][-1] = bool(episode.is_truncated)
+    steps["eps_id"] = _eps_ids(eps_id, n)
+    steps["t"] = np.arange(episode.t_started, episode.t_started + n, dtype=np.int64)
+    extras = dict(episode.extra_model_outputs.items()) if hasattr(episode, "extra_model_outputs") else {}
+    versions = episode.get_extra_model_outputs("weights_seq_no") if "weights_seq_no" in extras else None
+    steps["weights_seq_no"] = (
+        np.asarray(versions, dtype=np.int64) if versions is not None else np.full(n, -1, np.int64)
+    )
+    if options.record_extra_model_outputs:
+        for key in sorted(k for k in extras if k != "weights_seq_no"):
+            steps.update(
+                flatten_value(f"extra_model_outputs/{key}", episode.get_extra_model_outputs(key), containers)
+            )
+    has_last = num_obs == n + 1
+    fragments = _fragment_columns(
+        eps_id=[eps_id], num_rows=[n], t_start=[episode.t_started],
+        terminated=[episode.is_terminated], truncated=[episode.is_truncated],
+        ret=[float(np.sum(steps["rewards"]))], module_id=[module_id], has_last_obs=[has_last],
+    )
+    for path, column in obs_cols.items():
+        last = column[n:n + 1] if has_last else np.zeros((1,) + column.shape[1:], column.dtype)
+        fragments["last_" + path] = last
+    if options.record_infos:
+        infos = episode.get_infos()
+        fragments["infos"] = np.array([infos_to_json(infos)], dtype=object)
+    for path, kind in list(containers.items()):
+        if path.startswith("obs"):
+            containers["last_" + path] = kind
+    return Stream(steps=steps, fragments=fragments, containers=containers)
+
+
+def _fragment_columns(
+    *, eps_id: list, num_rows: list, t_start: list, terminated: list, truncated: list,
+    ret: list, module_id: list, has_last_obs: list,
+) -> dict[str, np.ndarray]:
+    return {
+        "eps_id": np.array([str(e).encode() for e in eps_id], dtype=EPS_ID_DTYPE),
+        "num_rows": np.asarray(num_rows, dtype=np.int64),
+        "t_start": np.asarray(t_start, dtype=np.int64),
+        "terminated": np.asarray(terminated, dtype=bool),
+        "truncated": np.asarray(truncated, dtype=bool),
+        "return": np.asarray(ret, dtype=np.float64),
+        "module_id": np.array(["" if m is None else str(m) for m in module_id], dtype=object),
+        "has_last_obs": np.asarray(has_last_obs, dtype=bool),
+    }
+
+
+def _sample_batch_stream(batch: Any, policy_id: str, options: ConvertOptions, version: int) -> Stream:
+    n = len(batch["rewards"])
+    containers: dict[str, str] = {}
+    steps = flatten_value("obs", batch["obs"], containers)
+    steps.update(flatten_value("actions", batch["actions"], containers))
+    steps["rewards"] = np.asarray(batch["rewards"])
+    steps["terminateds"] = np.asarray(batch["terminateds"], dtype=bool)
+    steps["truncateds"] = np.asarray(batch["truncateds"], dtype=bool)
+    raw_ids = np.asarray(batch["eps_id"])
+    steps["eps_id"] = np.array([str(e).encode() for e in raw_ids], dtype=EPS_ID_DTYPE) if n else raw_ids
+    steps["t"] = np.asarray(batch["t"], dtype=np.int64)
+    steps["weights_seq_no"] = np.full(n, version, dtype=np.int64)
+    if "agent_index" in batch:
+        steps["agent_index"] = np.asarray(batch["agent_index"], dtype=np.int64)
+    if options.record_extra_model_outputs:
+        for key in sorted(k for k in batch.keys() if k not in _OLD_STACK_KNOWN):
+            value = batch[key]
+            if len(value) == n and not key.startswith("state_"):
+                steps.update(flatten_value(f"extra_model_outputs/{key}", value, containers))
+    # Fragments: maximal runs of one episode with consecutive t.
+    ids, t = raw_ids, steps["t"]
+    breaks = np.flatnonzero((ids[1:] != ids[:-1]) | (t[1:] != t[:-1] + 1)) + 1
+    starts = np.concatenate([[0], breaks]).astype(np.int64)
+    ends = np.concatenate([breaks, [n]]).astype(np.int64)
+    last = ends - 1
+    rewards = steps["rewards"].astype(np.float64)
+    fragments = _fragment_columns(
+        eps_id=list(ids[starts]), num_rows=list(ends - starts), t_start=list(t[starts]),
+        terminated=list(steps["terminateds"][last]), truncated=list(steps["truncateds"][last]),
+        ret=[float(rewards[s:e].sum()) for s, e in zip(starts, ends)],
+        module_id=[policy_id] * len(starts), has_last_obs=[True] * len(starts),
+    )
+    for path, column in flatten_value("obs", batch["new_obs"], containers).items():
+        fragments["last_" + path] = column[last]
+    for path, kind in list(containers.items()):
+        if path.startswith("obs"):
+            containers["last_" + path] = kind
+    if options.record_infos and "infos" in batch:
+        # Old-stack infos come with new_obs; the fragment's first observation has none.
+        infos = list(batch["infos"])
+        fragments["infos"] = np.array(
+            [infos_to_json([None] + infos[s:e]) for s, e in zip(starts, ends)], dtype=object
+        )
+    return Stream(steps=steps, fragments=fragments, containers=containers)

@@ -1,0 +1,25 @@
+"""The RecorderError family: every error the library raises on purpose."""
+
+
+class RecorderError(Exception):
+    """Base class for every error rllib_recorder raises on purpose."""
+
+
+class ConfigError(RecorderError, ValueError):
+    """A recorder setting is invalid; the message names the field, the value and the fix."""
+
+
+class OutputDirError(RecorderError, OSError):
+    """The output directory cannot be used (unwritable, or it holds another run)."""
+
+
+class SchemaError(RecorderError):
+    """A file does not follow the rllib_recorder format, or has an unknown schema version."""
+
+
+class ConversionError(RecorderError):
+    """Sampled data could not be converted into a columnar chunk."""
+
+
+class WriterError(RecorderError):
+    """A writer actor failed to store a chunk."""

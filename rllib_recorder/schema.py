@@ -1,0 +1,273 @@
+"""The HDF5 file layout in one place: names, schema version, create, append, commit, repair."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import h5py
+import numpy as np
+
+from rllib_recorder.convert import Chunk, Stream
+from rllib_recorder.errors import SchemaError
+
+FORMAT_NAME = "rllib_recorder"
+SCHEMA_VERSION = "1.0"
+SENDER_ID_DTYPE = np.dtype("S32")
+
+# Every name below is documented in docs/FORMAT.md (a test checks it).
+FILE_ATTRS = {
+    "format": "always 'rllib_recorder'",
+    "schema_version": "'MAJOR.MINOR'; readers refuse an unknown major version",
+    "recorder_version": "version of the rllib_recorder package that wrote the file",
+    "run_id": "id of the run (also in the manifest)",
+    "worker_index": "RLlib env runner index (0: the local runner)",
+    "is_evaluation": "True for evaluation env runners",
+    "created_at": "ISO-8601 time the file was created",
+    "commit": "JSON: committed row counts (see 'Commit record')",
+}
+BATCH_COLUMNS = {
+    "sender_id": "id of the env-runner process incarnation that sent the chunk",
+    "seq": "sequence number of the chunk within its sender (0, 1, 2, ...)",
+    "env_steps": "env steps in the chunk",
+    "agent_steps": "agent steps (rows over all agents) in the chunk",
+    "num_samples": "on_sample_end calls coalesced into the chunk",
+    "sampled_at_s": "wall time (Unix s) of the chunk's first on_sample_end",
+    "written_at_s": "wall time (Unix s) the writer committed the chunk",
+    "learner_version": "learner's weights_seq_no known to the writer at arrival",
+    "weights_seq_no_min": "oldest behaviour-policy version in the chunk",
+    "weights_seq_no_max": "newest behaviour-policy version in the chunk",
+    "raw_bytes": "bytes of the chunk's arrays before compression",
+}
+STEP_COLUMNS = {
+    "obs": "observation the action was computed from (nested spaces: a group)",
+    "actions": "action taken (nested spaces: a group)",
+    "rewards": "reward of the step",
+    "terminateds": "the episode terminated with this step",
+    "truncateds": "the episode was truncated with this step",
+    "eps_id": "episode id (bytes)",
+    "t": "step index within the agent's episode",
+    "weights_seq_no": "behaviour policy version that chose the action (-1: unknown)",
+    "agent_index": "old API stack: index of the agent in its env",
+    "extra_model_outputs": "group: action_logp, action_dist_inputs, vf_preds, ...",
+}
+FRAGMENT_COLUMNS = {
+    "eps_id": "episode id",
+    "num_rows": "steps of the fragment",
+    "first_row": "row of the fragment's first step in steps/",
+    "t_start": "t of the fragment's first step (> 0: continues an earlier fragment)",
+    "terminated": "the episode terminated at the fragment's end",
+    "truncated": "the episode was truncated at the fragment's end",
+    "return": "sum of the fragment's rewards",
+    "module_id": "RLModule (policy) that acted",
+    "has_last_obs": "the fragment stores its final observation",
+    "last_obs": "observation after the fragment's last step (nested: a group)",
+    "infos": "JSON list: the info of every observation of the fragment",
+    "batch": "row in /batches of the chunk that carried the fragment",
+}
+
+
+@dataclass(frozen=True)
+class StorageOptions:
+    """How datasets are created (mirrors the recorder settings)."""
+
+    compression: str = "gzip"
+    compression_level: int = 1
+    hdf5_chunk_bytes: int = 1 << 18
+    fsync: bool = False
+
+
+def file_name(worker_index: int, is_evaluation: bool = False) -> str:
+    """The file name of one env runner's data inside a run directory."""
+    return f"{'eval-' if is_evaluation else ''}worker-{worker_index:03d}.h5"
+
+
+def check_version(found: Any, where: str) -> None:
+    """Raises SchemaError unless ``found`` is a schema version this reader understands."""
+    from rllib_recorder import __version__
+
+    major = str(found).split(".")[0]
+    if major != SCHEMA_VERSION.split(".")[0]:
+        raise SchemaError(
+            f"{where} has schema version {found}, but rllib_recorder {__version__} reads "
+            f"version {SCHEMA_VERSION.split('.')[0]}.x; install a matching rllib_recorder"
+        )
+
+
+def open_for_append(path: str, attrs: Mapping[str, Any]) -> h5py.File:
+    """Opens (creating if needed) a worker file for appending, dropping uncommitted rows."""
+    exists = os.path.exists(path)
+    h5 = h5py.File(path, "a")
+    if not exists or "format" not in h5.attrs:
+        from rllib_recorder import __version__
+
+        h5.attrs.update({
+            "format": FORMAT_NAME, "schema_version": SCHEMA_VERSION,
+            "recorder_version": __version__,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "commit": json.dumps({"batches": 0, "agents": {}}),
+        })
+        h5.attrs.update({k: v for k, v in attrs.items() if v is not None})
+        h5.require_group("batches")
+        h5.require_group("agents")
+        h5.flush()
+    else:
+        validate_header(h5, path)
+        repair_to_committed(h5)
+    return h5
+
+
+def validate_header(h5: h5py.File, path: str) -> None:
+    """Raises SchemaError if ``h5`` is not an rllib_recorder worker file of a known version."""
+    if h5.attrs.get("format") != FORMAT_NAME:
+        raise SchemaError(f"{path} is an HDF5 file but not an rllib_recorder worker file")
+    check_version(h5.attrs.get("schema_version"), path)
+
+
+def read_commit(h5: h5py.File) -> dict[str, Any]:
+    """The commit record: how many batches, and rows/fragments per agent, are committed."""
+    return json.loads(h5.attrs["commit"])
+
+
+def committed_keys(h5: h5py.File) -> set[tuple[bytes, int]]:
+    """The (sender_id, seq) pairs already committed to this file."""
+    batches = h5["batches"]
+    if "seq" not in batches:
+        return set()
+    return set(zip(batches["sender_id"][()].tolist(), batches["seq"][()].tolist()))
+
+
+def repair_to_committed(h5: h5py.File) -> dict[str, int]:
+    """Truncates every column to the commit record (rows of a chunk cut short by a crash).
+
+    Returns how many rows were dropped per group path.
+    """
+    commit = read_commit(h5)
+    dropped = _truncate_group(h5["batches"], commit["batches"], "batches")
+    for key, group in h5["agents"].items():
+        rows, frags = commit["agents"].get(key, (0, 0))
+        dropped.update(_truncate_group(group["steps"], rows, f"agents/{key}/steps"))
+        dropped.update(_truncate_group(group["fragments"], frags, f"agents/{key}/fragments"))
+    if dropped:
+        h5.flush()
+    return dropped
+
+
+def append_chunk(
+    h5: h5py.File, chunk: Chunk, *, sender_id: bytes, seq: int, learner_version: int,
+    options: StorageOptions,
+) -> dict[str, int]:
+    """Appends one chunk and commits it (one attribute write), then flushes.
+
+    The chunk counts as stored only once the commit record names it; rows written
+    before a crash but not committed are removed by ``repair_to_committed``.
+    """
+    commit = read_commit(h5)
+    batch_row = commit["batches"]
+    versions = [s.steps["weights_seq_no"] for s in chunk.streams.values() if len(s.steps["weights_seq_no"])]
+    all_versions = np.concatenate(versions) if versions else np.array([-1])
+    for key, stream in chunk.streams.items():
+        rows, frags = commit["agents"].get(key, (0, 0))
+        group = h5.require_group(f"agents/{key}")
+        _append_stream(group, stream, rows, frags, batch_row, options)
+        commit["agents"][key] = (rows + stream.num_rows, frags + len(stream.fragments["eps_id"]))
+    batch = {
+        "sender_id": np.array([sender_id], dtype=SENDER_ID_DTYPE),
+        "seq": np.array([seq], np.int64),
+        "env_steps": np.array([chunk.env_steps], np.int64),
+        "agent_steps": np.array([chunk.agent_steps], np.int64),
+        "num_samples": np.array([chunk.num_samples], np.int64),
+        "sampled_at_s": np.array([chunk.sampled_at_s], np.float64),
+        "written_at_s": np.array([time.time()], np.float64),
+        "learner_version": np.array([learner_version], np.int64),
+        "weights_seq_no_min": np.array([all_versions.min()], np.int64),
+        "weights_seq_no_max": np.array([all_versions.max()], np.int64),
+        "raw_bytes": np.array([chunk.nbytes], np.int64),
+    }
+    _append_columns(h5["batches"], batch, batch_row, options)
+    commit["batches"] = batch_row + 1
+    h5.attrs["commit"] = json.dumps(commit)
+    h5.flush()
+    if options.fsync:
+        os.fsync(h5.id.get_vfd_handle())
+    return {"rows": chunk.agent_steps, "batch_row": batch_row}
+
+
+def _append_stream(
+    group: h5py.Group, stream: Stream, rows: int, frags: int, batch_row: int, options: StorageOptions
+) -> None:
+    steps = group.require_group("steps")
+    fragments = group.require_group("fragments")
+    frag_cols = dict(stream.fragments)
+    first_rows = rows + np.concatenate([[0], np.cumsum(frag_cols["num_rows"])[:-1]])
+    frag_cols["first_row"] = first_rows.astype(np.int64)
+    frag_cols["batch"] = np.full(len(first_rows), batch_row, dtype=np.int64)
+    _append_columns(steps, stream.steps, rows, options)
+    _append_columns(fragments, frag_cols, frags, options)
+    for path, kind in stream.containers.items():
+        target = steps if path in steps else fragments if path in fragments else None
+        if target is not None and target[path].attrs.get("container") != kind:
+            target[path].attrs["container"] = kind
+
+
+def _append_columns(
+    group: h5py.Group, columns: Mapping[str, np.ndarray], start: int, options: StorageOptions
+) -> None:
+    for path, values in columns.items():
+        if path not in group:
+            _create_column(group, path, values, start, options)
+        dataset = group[path]
+        if dataset.shape[0] != start:
+            raise SchemaError(
+                f"column {group.name}/{path} has {dataset.shape[0]} rows, the commit record "
+                f"says {start}; run 'rllib-recorder recover' on the file"
+            )
+        if dataset.shape[1:] != values.shape[1:]:
+            raise SchemaError(
+                f"column {group.name}/{path} holds rows of shape {dataset.shape[1:]}, "
+                f"got {values.shape[1:]}; record spaces of one fixed shape per run"
+            )
+        dataset.resize(start + len(values), axis=0)
+        dataset[start:] = values
+
+
+def _create_column(
+    group: h5py.Group, path: str, values: np.ndarray, start: int, options: StorageOptions
+) -> None:
+    if start:
+        raise SchemaError(
+            f"column {group.name}/{path} appears after {start} rows were stored without it; "
+            "every chunk of one agent must carry the same columns"
+        )
+    dtype = h5py.string_dtype() if values.dtype == object else values.dtype
+    row_bytes = max(1, int(np.prod(values.shape[1:], dtype=np.int64)) * (8 if values.dtype == object else values.dtype.itemsize))
+    chunk_rows = int(min(max(1, options.hdf5_chunk_bytes // row_bytes), 1 << 16))
+    filters: dict[str, Any] = {}
+    if options.compression == "gzip":
+        filters = {"compression": "gzip", "compression_opts": options.compression_level, "shuffle": values.dtype.itemsize > 1 and values.dtype != object}
+    elif options.compression == "lzf":
+        filters = {"compression": "lzf"}
+    group.create_dataset(
+        path, shape=(0,) + values.shape[1:], maxshape=(None,) + values.shape[1:],
+        dtype=dtype, chunks=(chunk_rows,) + values.shape[1:], **filters,
+    )
+
+
+def _truncate_group(group: h5py.Group, rows: int, name: str) -> dict[str, int]:
+    dropped: dict[str, int] = {}
+
+    def visit(path: str, item: Any) -> None:
+        if isinstance(item, h5py.Dataset) and item.shape[0] != rows:
+            if item.shape[0] < rows:
+                raise SchemaError(
+                    f"{name}/{path} has {item.shape[0]} rows but {rows} are committed; "
+                    "the file is damaged beyond repair"
+                )
+            dropped[f"{name}/{path}"] = item.shape[0] - rows
+            item.resize(rows, axis=0)
+
+    group.visititems(visit)
+    return dropped

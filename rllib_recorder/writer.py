@@ -1,0 +1,138 @@
+"""The writer: appends chunks to one HDF5 file per env runner; a plain class the pool makes an actor."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import Counter
+from typing import Any
+
+import h5py
+import numpy as np
+
+from rllib_recorder import schema
+from rllib_recorder.convert import Chunk
+from rllib_recorder.errors import RecorderError
+
+logger = logging.getLogger(__name__)
+
+
+class RecordingWriter:
+    """Owns the files of the env runners assigned to it, inside one run directory.
+
+    ``append`` is idempotent per (sender_id, seq): a chunk re-sent after a writer
+    restart or a lost acknowledgement is acknowledged again but stored once.
+    """
+
+    def __init__(self, run_dir: str, run_id: str, storage: schema.StorageOptions) -> None:
+        self.run_dir = run_dir
+        self.run_id = run_id
+        self.storage = storage
+        self.learner_version = -1
+        self._files: dict[tuple[int, bool], h5py.File] = {}
+        self._committed: dict[tuple[int, bool], set[tuple[bytes, int]]] = {}
+        self._sender_stats: dict[str, dict[str, Any]] = {}
+        self._lag: Counter[int] = Counter()
+        self._totals = Counter()
+        os.makedirs(run_dir, exist_ok=True)
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "RecordingWriter holds open HDF5 files and cannot be pickled; "
+            "use the writer actor handle from the pool instead"
+        )
+
+    def append(
+        self, worker_index: int, is_evaluation: bool, sender_id: bytes, seq: int, chunk: Chunk,
+        sender_stats: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Stores one chunk unless already committed; returns the acknowledgement."""
+        key = (worker_index, is_evaluation)
+        if sender_stats is not None:
+            self._sender_stats[f"{'eval-' if is_evaluation else ''}{worker_index}"] = sender_stats
+        h5 = self._file(key)
+        if (sender_id, seq) in self._committed[key]:
+            self._totals["duplicate_chunks"] += 1
+            return {"seq": seq, "duplicate": True, "rows": 0}
+        start = time.perf_counter()
+        try:
+            schema.append_chunk(
+                h5, chunk, sender_id=sender_id, seq=seq, learner_version=self.learner_version,
+                options=self.storage,
+            )
+        except BaseException:
+            # Leave the file as committed before this chunk, so the re-send is clean.
+            self._totals["errors"] += 1
+            schema.repair_to_committed(h5)
+            raise
+        self._committed[key].add((sender_id, seq))
+        self._account(chunk, time.perf_counter() - start)
+        return {"seq": seq, "duplicate": False, "rows": chunk.agent_steps}
+
+    def report(self, worker_index: int, is_evaluation: bool, sender_stats: dict[str, Any]) -> None:
+        """Takes an env runner's recorder statistics without data (e.g. after errors)."""
+        self._sender_stats[f"{'eval-' if is_evaluation else ''}{worker_index}"] = sender_stats
+
+    def set_learner_version(self, version: int) -> None:
+        """The learner's current weights_seq_no, stamped on every chunk that arrives after."""
+        self.learner_version = int(version)
+
+    def stats(self) -> dict[str, Any]:
+        """Totals since start: rows, chunks, bytes, write time, policy lag, per-runner stats."""
+        return {
+            **dict(self._totals),
+            "files": len(self._files),
+            "disk_bytes": sum(_size(h5) for h5 in self._files.values()),
+            "policy_lag_counts": dict(self._lag),
+            "runners": dict(self._sender_stats),
+        }
+
+    def close(self) -> dict[str, Any]:
+        """Flushes and closes every file; returns the final stats."""
+        stats = self.stats()
+        for h5 in self._files.values():
+            h5.flush()
+            if self.storage.fsync:
+                os.fsync(h5.id.get_vfd_handle())
+            h5.close()
+        self._files.clear()
+        return stats
+
+    def _file(self, key: tuple[int, bool]) -> h5py.File:
+        if key not in self._files:
+            worker_index, is_evaluation = key
+            path = os.path.join(self.run_dir, schema.file_name(worker_index, is_evaluation))
+            h5 = schema.open_for_append(path, {
+                "run_id": self.run_id, "worker_index": worker_index, "is_evaluation": is_evaluation,
+            })
+            if h5.attrs.get("run_id") != self.run_id:
+                h5.close()
+                raise RecorderError(
+                    f"{path} belongs to run {h5.attrs.get('run_id')!r}, not {self.run_id!r}; "
+                    "record each run into its own directory"
+                )
+            self._files[key] = h5
+            self._committed[key] = schema.committed_keys(h5)
+        return self._files[key]
+
+    def _account(self, chunk: Chunk, write_s: float) -> None:
+        self._totals["chunks"] += 1
+        self._totals["env_steps"] += chunk.env_steps
+        self._totals["agent_steps"] += chunk.agent_steps
+        self._totals["raw_bytes"] += chunk.nbytes
+        self._totals["write_s"] += write_s
+        if self.learner_version < 0:
+            return
+        for stream in chunk.streams.values():
+            versions = stream.steps["weights_seq_no"]
+            known = versions[versions >= 0]
+            lags, counts = np.unique(self.learner_version - known, return_counts=True)
+            self._lag.update(dict(zip(lags.tolist(), counts.tolist())))
+
+
+def _size(h5: h5py.File) -> int:
+    try:
+        return os.path.getsize(h5.filename)
+    except OSError:
+        return 0

@@ -1,0 +1,22 @@
+"""Test helpers shared by every test: hand-built episodes and batches, and one integrity check."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def make_episode(n: int, *, t_started: int = 0, obs_offset: float = 0.0, terminated: bool = False,
+                 eps_id: str | None = None, version: int = 3, with_last: bool = True):
+    """A numpy SingleAgentEpisode fragment whose obs[t] == [obs_offset + t, -t]."""
+    from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+
+    obs = [np.array([obs_offset + t, -t], np.float32) for t in range(t_started, t_started + n + int(with_last))]
+    episode = SingleAgentEpisode(
+        id_=eps_id, observations=obs, actions=[t % 2 for t in range(n)],
+        rewards=[float(t) for t in range(t_started, t_started + n)],
+        infos=[{"t": t} for t in range(t_started, t_started + len(obs))],
+        extra_model_outputs={"action_logp": [-0.5] * n, "weights_seq_no": [version] * n},
+        terminated=terminated, len_lookback_buffer=0, t_started=t_started,
+    )
+    episode.to_numpy()
+    return episode

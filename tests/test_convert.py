@@ -1,0 +1,127 @@
+"""Conversion of hand-built episodes and batches to chunks: exact arrays, no Ray."""
+
+import json
+
+import numpy as np
+import pytest
+from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
+from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+
+from rllib_recorder.convert import (
+    ConvertOptions, batch_to_chunk, episodes_to_chunk, flatten_value, merge_chunks,
+)
+from rllib_recorder.errors import ConversionError
+from tests.helpers import make_episode
+
+
+def test_single_agent_fragment_columns_exact():
+    chunk = episodes_to_chunk([make_episode(3, t_started=5, terminated=True, eps_id="e1", version=7)])
+    stream = chunk.streams["default_agent"]
+    assert chunk.env_steps == 3 and stream.num_rows == 3
+    np.testing.assert_array_equal(stream.steps["obs"], [[5, -5], [6, -6], [7, -7]])
+    np.testing.assert_array_equal(stream.steps["actions"], [0, 1, 0])
+    np.testing.assert_array_equal(stream.steps["rewards"], [5.0, 6.0, 7.0])
+    np.testing.assert_array_equal(stream.steps["t"], [5, 6, 7])
+    np.testing.assert_array_equal(stream.steps["terminateds"], [False, False, True])
+    np.testing.assert_array_equal(stream.steps["truncateds"], [False, False, False])
+    np.testing.assert_array_equal(stream.steps["weights_seq_no"], [7, 7, 7])
+    np.testing.assert_array_equal(stream.steps["extra_model_outputs/action_logp"], [-0.5] * 3)
+    assert stream.steps["eps_id"].tolist() == [b"e1"] * 3
+    frag = stream.fragments
+    assert frag["eps_id"].tolist() == [b"e1"] and frag["t_start"].tolist() == [5]
+    assert frag["return"].tolist() == [18.0] and frag["terminated"].tolist() == [True]
+    np.testing.assert_array_equal(frag["last_obs"], [[8, -8]])
+    assert json.loads(frag["infos"][0]) == [{"t": 5}, {"t": 6}, {"t": 7}, {"t": 8}]
+
+
+def test_options_drop_infos_and_extras():
+    options = ConvertOptions(record_infos=False, record_extra_model_outputs=False)
+    stream = episodes_to_chunk([make_episode(2)], options).streams["default_agent"]
+    assert "infos" not in stream.fragments
+    assert not [k for k in stream.steps if k.startswith("extra_model_outputs")]
+    assert stream.steps["weights_seq_no"].tolist() == [3, 3]  # versions are never dropped
+
+
+def test_nested_dict_tuple_observations_flatten_with_containers():
+    obs = [{"pos": np.full(2, t, np.float32), "inv": (np.int64(t), np.full(3, t, np.uint8))} for t in range(3)]
+    episode = SingleAgentEpisode(observations=obs, actions=[0, 1], rewards=[1.0, 2.0], len_lookback_buffer=0)
+    episode.to_numpy()
+    stream = episodes_to_chunk([episode]).streams["default_agent"]
+    assert stream.containers["obs"] == "dict" and stream.containers["obs/inv"] == "tuple"
+    assert stream.containers["last_obs"] == "dict"
+    np.testing.assert_array_equal(stream.steps["obs/inv/0"], [0, 1])
+    np.testing.assert_array_equal(stream.steps["obs/inv/1"], [[0] * 3, [1] * 3])
+    assert stream.steps["obs/inv/1"].dtype == np.uint8
+    np.testing.assert_array_equal(stream.fragments["last_obs/pos"], [[2, 2]])
+
+
+def test_multi_agent_episode_one_stream_per_agent_shared_episode_id():
+    episode = MultiAgentEpisode(
+        observations=[{"a": 0, "b": 10}, {"a": 1, "b": 11}, {"a": 2}],
+        actions=[{"a": 0, "b": 1}, {"a": 1}], rewards=[{"a": 1.0, "b": 2.0}, {"a": 3.0}],
+        terminateds={"__all__": True, "a": True, "b": True}, len_lookback_buffer=0,
+        agent_module_ids={"a": "pa", "b": "pb"},
+    )
+    episode.to_numpy()
+    chunk = episodes_to_chunk([episode])
+    assert set(chunk.streams) == {"a", "b"}
+    a, b = chunk.streams["a"], chunk.streams["b"]
+    np.testing.assert_array_equal(a.steps["obs"], [0, 1])
+    np.testing.assert_array_equal(a.fragments["last_obs"], [2])
+    assert a.fragments["module_id"].tolist() == ["pa"] and b.fragments["module_id"].tolist() == ["pb"]
+    assert a.steps["eps_id"][0] == b.steps["eps_id"][0] == episode.id_.encode()
+    assert a.fragments["return"].tolist() == [4.0] and b.fragments["return"].tolist() == [2.0]
+
+
+def _sample_batch(eps_ids, ts, agent_index=0):
+    n = len(eps_ids)
+    obs = np.array([[e, t] for e, t in zip(eps_ids, ts)], np.float32)
+    return SampleBatch({
+        "obs": obs, "new_obs": obs + [0, 1], "actions": np.arange(n) % 2,
+        "rewards": np.ones(n, np.float32), "terminateds": np.array(ts) == 99,
+        "truncateds": np.zeros(n, bool), "infos": np.array([{"i": i} for i in range(n)]),
+        "eps_id": np.array(eps_ids, np.int64), "t": np.array(ts, np.int64),
+        "agent_index": np.full(n, agent_index), "unroll_id": np.zeros(n, np.int64),
+        "vf_preds": np.arange(n, dtype=np.float32),
+    })
+
+
+def test_sample_batch_splits_fragments_by_episode_and_keeps_extras():
+    batch = _sample_batch([4, 4, 4, 9, 9], [7, 8, 9, 0, 1])
+    stream = batch_to_chunk(batch, policy_version=2).streams["default_agent"]
+    frag = stream.fragments
+    assert frag["eps_id"].tolist() == [b"4", b"9"]
+    assert frag["num_rows"].tolist() == [3, 2] and frag["t_start"].tolist() == [7, 0]
+    np.testing.assert_array_equal(frag["last_obs"], [[4, 10], [9, 2]])
+    np.testing.assert_array_equal(stream.steps["extra_model_outputs/vf_preds"], np.arange(5))
+    assert stream.steps["weights_seq_no"].tolist() == [2] * 5
+    assert json.loads(frag["infos"][1]) == [None, {"i": 3}, {"i": 4}]
+
+
+def test_multi_agent_batch_one_stream_per_policy():
+    batch = MultiAgentBatch({"p0": _sample_batch([1, 1], [0, 1]), "p1": _sample_batch([1], [0], agent_index=1)}, 2)
+    chunk = batch_to_chunk(batch)
+    assert set(chunk.streams) == {"p0", "p1"} and chunk.env_steps == 2
+    assert chunk.streams["p1"].steps["agent_index"].tolist() == [1]
+
+
+def test_merge_chunks_concatenates_in_order():
+    merged = merge_chunks([episodes_to_chunk([make_episode(2, obs_offset=0)]),
+                           episodes_to_chunk([make_episode(3, obs_offset=100)])])
+    stream = merged.streams["default_agent"]
+    assert merged.num_samples == 2 and merged.env_steps == 5
+    np.testing.assert_array_equal(stream.steps["obs"][:, 0], [0, 1, 100, 101, 102])
+    assert stream.fragments["num_rows"].tolist() == [2, 3]
+
+
+def test_text_observations_become_utf8_bytes():
+    episode = SingleAgentEpisode(observations=["a", "bé"], actions=[0], rewards=[0.0], len_lookback_buffer=0)
+    stream = episodes_to_chunk([episode]).streams["default_agent"]
+    assert stream.steps["obs"].tolist() == [b"a"]
+    assert stream.fragments["last_obs"].tolist() == ["bé".encode()]
+
+
+def test_object_columns_are_rejected_with_fix():
+    with pytest.raises(ConversionError, match="extra_model_outputs/odd.*numeric dtype"):
+        flatten_value("extra_model_outputs/odd", np.array([object(), object()]), {})
