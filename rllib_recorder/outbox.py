@@ -132,9 +132,9 @@ class Outbox:
             return 0
         done = self.transport.wait(waiting, timeout_s)
         acked = 0
-        by_handle = {id(f.handle): f for f in self._in_flight.values()}
+        by_handle = {f.handle: f for f in self._in_flight.values()}
         for handle in done:
-            flight = by_handle[id(handle)]
+            flight = by_handle[handle]
             try:
                 ack = self.transport.result(handle)
             except Exception as e:  # the writer died or failed: keep the chunk, retry later

@@ -106,10 +106,11 @@ class RecordingWriter:
             h5 = schema.open_for_append(path, {
                 "run_id": self.run_id, "worker_index": worker_index, "is_evaluation": is_evaluation,
             })
-            if h5.attrs.get("run_id") != self.run_id:
+            owner = h5.attrs.get("run_id")
+            if owner != self.run_id:
                 h5.close()
                 raise RecorderError(
-                    f"{path} belongs to run {h5.attrs.get('run_id')!r}, not {self.run_id!r}; "
+                    f"{path} belongs to run {owner!r}, not {self.run_id!r}; "
                     "record each run into its own directory"
                 )
             self._files[key] = h5

@@ -1,0 +1,113 @@
+"""The plain writer class against real HDF5 files in a temp dir (no Ray)."""
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+
+from rllib_recorder import schema
+from rllib_recorder.convert import episodes_to_chunk
+from rllib_recorder.errors import RecorderError, SchemaError
+from rllib_recorder.writer import RecordingWriter
+from tests.helpers import make_episode
+
+
+def _writer(tmp_path, run_id="run-1"):
+    return RecordingWriter(str(tmp_path), run_id, schema.StorageOptions())
+
+
+def test_append_writes_rows_fragments_and_batch_index(tmp_path):
+    writer = _writer(tmp_path)
+    writer.set_learner_version(9)
+    ack = writer.append(2, False, b"s" * 32, 0, episodes_to_chunk([make_episode(3, eps_id="a", version=7)]))
+    writer.append(2, False, b"s" * 32, 1, episodes_to_chunk([make_episode(2, t_started=3, eps_id="a", version=8)]))
+    stats = writer.close()
+    assert ack == {"seq": 0, "duplicate": False, "rows": 3}
+    assert stats["agent_steps"] == 5 and stats["chunks"] == 2
+    assert stats["policy_lag_counts"] == {2: 3, 1: 2}
+    with h5py.File(tmp_path / "worker-002.h5", "r") as h5:
+        assert h5.attrs["schema_version"] == schema.SCHEMA_VERSION and h5.attrs["worker_index"] == 2
+        steps = h5["agents/default_agent/steps"]
+        np.testing.assert_array_equal(steps["obs"][:, 0], [0, 1, 2, 3, 4])
+        np.testing.assert_array_equal(steps["t"][()], [0, 1, 2, 3, 4])
+        frags = h5["agents/default_agent/fragments"]
+        assert frags["first_row"][()].tolist() == [0, 3] and frags["batch"][()].tolist() == [0, 1]
+        np.testing.assert_array_equal(frags["last_obs"][()], [[3, -3], [5, -5]])
+        assert h5["batches/seq"][()].tolist() == [0, 1]
+        assert h5["batches/learner_version"][()].tolist() == [9, 9]
+        assert json.loads(h5.attrs["commit"]) == {"batches": 2, "agents": {"default_agent": [5, 2]}}
+
+
+def test_resent_chunk_is_acknowledged_but_stored_once_even_after_reopen(tmp_path):
+    chunk = episodes_to_chunk([make_episode(4)])
+    writer = _writer(tmp_path)
+    writer.append(0, False, b"x" * 32, 0, chunk)
+    writer.close()
+    again = _writer(tmp_path)  # a restarted writer actor
+    assert again.append(0, False, b"x" * 32, 0, chunk)["duplicate"] is True
+    assert again.append(0, False, b"y" * 32, 0, chunk)["duplicate"] is False  # new runner incarnation
+    again.close()
+    with h5py.File(tmp_path / "worker-000.h5", "r") as h5:
+        assert h5["agents/default_agent/steps/rewards"].shape == (8,)
+
+
+def test_uncommitted_rows_of_a_crashed_append_are_removed_on_reopen(tmp_path):
+    writer = _writer(tmp_path)
+    writer.append(1, False, b"x" * 32, 0, episodes_to_chunk([make_episode(3)]))
+    writer.close()
+    with h5py.File(tmp_path / "worker-001.h5", "a") as h5:  # a crash after writing rows, before commit
+        rewards = h5["agents/default_agent/steps/rewards"]
+        rewards.resize(10, axis=0)
+    reopened = _writer(tmp_path)
+    reopened.append(1, False, b"x" * 32, 1, episodes_to_chunk([make_episode(2, t_started=3)]))
+    reopened.close()
+    with h5py.File(tmp_path / "worker-001.h5", "r") as h5:
+        np.testing.assert_array_equal(h5["agents/default_agent/steps/rewards"][()], [0, 1, 2, 3, 4])
+
+
+def test_evaluation_files_are_separate_and_marked(tmp_path):
+    writer = _writer(tmp_path)
+    writer.append(1, True, b"x" * 32, 0, episodes_to_chunk([make_episode(1)]))
+    writer.close()
+    with h5py.File(tmp_path / "eval-worker-001.h5", "r") as h5:
+        assert bool(h5.attrs["is_evaluation"]) is True
+
+
+def test_file_of_another_run_is_refused(tmp_path):
+    writer = _writer(tmp_path, "run-1")
+    writer.append(0, False, b"x" * 32, 0, episodes_to_chunk([make_episode(1)]))
+    writer.close()
+    with pytest.raises(RecorderError, match="belongs to run 'run-1'"):
+        _writer(tmp_path, "run-2").append(0, False, b"x" * 32, 0, episodes_to_chunk([make_episode(1)]))
+
+
+def test_future_major_version_is_refused_with_versions_named(tmp_path):
+    writer = _writer(tmp_path)
+    writer.append(0, False, b"x" * 32, 0, episodes_to_chunk([make_episode(1)]))
+    writer.close()
+    with h5py.File(tmp_path / "worker-000.h5", "a") as h5:
+        h5.attrs["schema_version"] = "9.0"
+    with pytest.raises(SchemaError, match="schema version 9.0.*reads version 1.x"):
+        _writer(tmp_path).append(0, False, b"x" * 32, 1, episodes_to_chunk([make_episode(1)]))
+
+
+def test_changed_observation_shape_is_refused_and_file_stays_intact(tmp_path):
+    writer = _writer(tmp_path)
+    writer.append(0, False, b"x" * 32, 0, episodes_to_chunk([make_episode(2)]))
+    bad = episodes_to_chunk([make_episode(2)])
+    bad.streams["default_agent"].steps["obs"] = np.zeros((2, 5), np.float32)
+    with pytest.raises(SchemaError, match="rows of shape"):
+        writer.append(0, False, b"x" * 32, 1, bad)
+    writer.append(0, False, b"x" * 32, 2, episodes_to_chunk([make_episode(1, obs_offset=50)]))
+    writer.close()
+    with h5py.File(tmp_path / "worker-000.h5", "r") as h5:
+        np.testing.assert_array_equal(h5["agents/default_agent/steps/obs"][:, 0], [0, 1, 50])
+        assert h5["batches/seq"][()].tolist() == [0, 2]
+
+
+def test_writer_refuses_pickling(tmp_path):
+    import pickle
+
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(_writer(tmp_path))
