@@ -84,7 +84,14 @@ def test_full_window_blocks_until_an_ack_and_counts_the_wait():
     outbox.add(chunk())
     # Nothing is acknowledged: the third add waits (the fake clock advances while it waits).
     first = (0, 0)
-    transport.wait = lambda handles, timeout_s: (clock.sleep(0.25), transport.complete(first), [first])[2]
+
+    def ack_after_a_quarter_second(handles, timeout_s):
+        if timeout_s == 0:
+            return []
+        clock.sleep(0.25)
+        return [first]
+
+    transport.wait = ack_after_a_quarter_second
     outbox.add(chunk())
     assert [s for s, _ in transport.sent] == [0, 1, 2]
     assert outbox.stats.wait_s == pytest.approx(0.25) and outbox.stats.chunks_dropped == 0
