@@ -53,8 +53,8 @@ class RecorderConfig:
     num_writers: int = 1
     max_in_flight: int = 4
     backpressure: str = "block"
-    coalesce_rows: int = 1024
-    coalesce_s: float = 2.0
+    coalesce_rows: int = 256
+    coalesce_s: float = 1.0
     compression: str = "gzip"
     compression_level: int = 1
     hdf5_chunk_bytes: int = 1 << 20

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
+import socket
 import time
 from collections import Counter
 from typing import Any
@@ -29,8 +31,10 @@ class RecordingWriter:
         self.run_dir = run_dir
         self.run_id = run_id
         self.storage = storage
-        self.learner_version = -1
+        # (wall time, learner version) as told by the driver, oldest first.
+        self._versions: list[tuple[float, int]] = []
         self._files: dict[tuple[int, bool], h5py.File] = {}
+        self._paths: set[str] = set()
         self._committed: dict[tuple[int, bool], set[tuple[bytes, int]]] = {}
         self._sender_stats: dict[str, dict[str, Any]] = {}
         self._lag: Counter[int] = Counter()
@@ -56,9 +60,10 @@ class RecordingWriter:
             self._totals["duplicate_chunks"] += 1
             return {"seq": seq, "duplicate": True, "rows": 0}
         start = time.perf_counter()
+        learner_version = self.learner_version_at(chunk.sampled_at_s)
         try:
             schema.append_chunk(
-                h5, chunk, sender_id=sender_id, seq=seq, learner_version=self.learner_version,
+                h5, chunk, sender_id=sender_id, seq=seq, learner_version=learner_version,
                 options=self.storage,
             )
         except BaseException:
@@ -67,22 +72,31 @@ class RecordingWriter:
             schema.repair_to_committed(h5)
             raise
         self._committed[key].add((sender_id, seq))
-        self._account(chunk, time.perf_counter() - start)
+        self._account(chunk, time.perf_counter() - start, learner_version)
         return {"seq": seq, "duplicate": False, "rows": chunk.agent_steps}
 
     def report(self, worker_index: int, is_evaluation: bool, sender_stats: dict[str, Any]) -> None:
         """Takes an env runner's recorder statistics without data (e.g. after errors)."""
         self._sender_stats[f"{'eval-' if is_evaluation else ''}{worker_index}"] = sender_stats
 
-    def set_learner_version(self, version: int) -> None:
-        """The learner's current weights_seq_no, stamped on every chunk that arrives after."""
-        self.learner_version = int(version)
+    def set_learner_version(self, version: int, at_s: float | None = None) -> None:
+        """The learner's weights_seq_no from wall time ``at_s`` (default: now) on."""
+        at_s = time.time() if at_s is None else float(at_s)
+        if not self._versions or at_s >= self._versions[-1][0]:
+            self._versions.append((at_s, int(version)))
+
+    def learner_version_at(self, at_s: float) -> int:
+        """The learner's version in effect at wall time ``at_s`` (-1 before the first)."""
+        i = bisect.bisect_right(self._versions, (at_s, float("inf")))
+        return self._versions[i - 1][1] if i else -1
 
     def stats(self) -> dict[str, Any]:
         """Totals since start: rows, chunks, bytes, write time, policy lag, per-runner stats."""
         return {
             **dict(self._totals),
             "files": len(self._files),
+            "files_written": sorted(self._paths),
+            "node": socket.gethostname(),
             "disk_bytes": sum(_size(h5) for h5 in self._files.values()),
             "policy_lag_counts": dict(self._lag),
             "runners": dict(self._sender_stats),
@@ -114,21 +128,22 @@ class RecordingWriter:
                     "record each run into its own directory"
                 )
             self._files[key] = h5
+            self._paths.add(os.path.relpath(path, self.run_dir))
             self._committed[key] = schema.committed_keys(h5)
         return self._files[key]
 
-    def _account(self, chunk: Chunk, write_s: float) -> None:
+    def _account(self, chunk: Chunk, write_s: float, learner_version: int) -> None:
         self._totals["chunks"] += 1
         self._totals["env_steps"] += chunk.env_steps
         self._totals["agent_steps"] += chunk.agent_steps
         self._totals["raw_bytes"] += chunk.nbytes
         self._totals["write_s"] += write_s
-        if self.learner_version < 0:
+        if learner_version < 0:
             return
         for stream in chunk.streams.values():
             versions = stream.steps["weights_seq_no"]
             known = versions[versions >= 0]
-            lags, counts = np.unique(self.learner_version - known, return_counts=True)
+            lags, counts = np.unique(learner_version - known, return_counts=True)
             self._lag.update(dict(zip(lags.tolist(), counts.tolist())))
 
 

@@ -19,7 +19,7 @@ def _writer(tmp_path, run_id="run-1"):
 
 def test_append_writes_rows_fragments_and_batch_index(tmp_path):
     writer = _writer(tmp_path)
-    writer.set_learner_version(9)
+    writer.set_learner_version(9, at_s=0.0)
     ack = writer.append(2, False, b"s" * 32, 0, episodes_to_chunk([make_episode(3, eps_id="a", version=7)]))
     writer.append(2, False, b"s" * 32, 1, episodes_to_chunk([make_episode(2, t_started=3, eps_id="a", version=8)]))
     stats = writer.close()

@@ -1,0 +1,119 @@
+"""RecorderCallback: the RLlib face of the recorder, for both API stacks; never raises into RLlib."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ray.rllib.callbacks.callbacks import RLlibCallback
+
+from rllib_recorder.config import RecorderConfig
+from rllib_recorder.driver import RunRecorder, record_sample
+from rllib_recorder.runner import recorder_for
+
+logger = logging.getLogger(__name__)
+
+
+class RecorderCallback(RLlibCallback):
+    """Records every sample of every env runner into one HDF5 file per runner.
+
+    Add it to any ``AlgorithmConfig``::
+
+        config.callbacks(RecorderCallback)                                  # defaults
+        config.callbacks(RecorderCallback.configured(output_dir="runs", num_writers=2))
+        config.callbacks([MyCallback, RecorderCallback])                    # with your own
+
+    RLlib creates one instance in the algorithm's process and one in every env
+    runner (again when RLlib recreates a failed runner). What happens where:
+
+    * ``on_algorithm_init`` (algorithm process): checks the output dir, creates the
+      run directory and manifest, starts the pool of writer actors, connects every
+      env runner to its writer, and hooks ``Algorithm.cleanup`` so that
+      ``algo.stop()`` (and the end of a Tune trial) drains every runner, closes
+      every file and marks the manifest finished. Bad settings raise here.
+    * ``on_sample_end`` (each env runner): converts the sampled episodes or batch
+      to columns and hands them to the runner's outbox, which sends them
+      asynchronously; it waits only when ``max_in_flight`` chunks are
+      unacknowledged. Any exception is caught, logged once with its cause and
+      counted: the env runner never crashes because of the recorder.
+    * ``on_train_result`` (algorithm process): tells the writers the learner's
+      version and adds ``result["recorder"]`` (steps and bytes stored, chunks in
+      flight, sampler wait, drops, errors, policy lag); with
+      ``fail_on_error=True`` it raises there once any error was counted.
+    * ``on_env_runners_recreated``: connects the recreated runners.
+    """
+
+    recorder_config: RecorderConfig = RecorderConfig()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._run: RunRecorder | None = None
+        self._logged: set[str] = set()
+
+    @classmethod
+    def configured(cls, config: RecorderConfig | None = None, **settings: Any) -> type["RecorderCallback"]:
+        """A RecorderCallback class bound to these settings (validated now, output dir checked now)."""
+        config = config.replace(**settings) if config is not None else RecorderConfig(**settings)
+        config.check_output_dir()
+        return type(cls.__name__, (cls,), {"recorder_config": config, "__module__": cls.__module__})
+
+    @property
+    def run(self) -> RunRecorder | None:
+        """The driver-side recording (None inside env runners)."""
+        return self._run
+
+    def on_algorithm_init(self, *, algorithm: Any, **kwargs: Any) -> None:
+        self._run = RunRecorder(algorithm, self.recorder_config)
+
+    def on_sample_end(self, *, samples: Any, env_runner: Any = None, worker: Any = None, **kwargs: Any) -> None:
+        runner = env_runner if env_runner is not None else worker
+        try:
+            record_sample(runner, samples)
+        except Exception as e:  # the one place exceptions are caught: never crash the runner
+            self._count(runner, "sample", e)
+
+    def on_train_result(self, *, algorithm: Any, result: dict, **kwargs: Any) -> None:
+        if self._run is None:
+            return
+        try:
+            self._run.on_train_result(result)
+        except Exception as e:
+            if self.recorder_config.fail_on_error:
+                raise
+            self._run.errors["train_result"] += 1
+            self._log_once("train_result", e)
+
+    def on_env_runners_recreated(
+        self, *, algorithm: Any, env_runner_group: Any, env_runner_indices: list[int], **kwargs: Any
+    ) -> None:
+        self._rebind(env_runner_group, env_runner_indices)
+
+    def on_workers_recreated(self, *, algorithm: Any, worker_set: Any, worker_ids: list[int], **kwargs: Any) -> None:
+        # Old API stack name of the same event; binding twice is harmless.
+        self._rebind(worker_set, worker_ids)
+
+    def _rebind(self, group: Any, indices: list[int]) -> None:
+        if self._run is None or not indices:
+            return
+        try:
+            self._run.bind(group, list(indices))
+        except Exception as e:
+            self._run.errors["rebind"] += 1
+            self._log_once("rebind", e)
+
+    def _count(self, runner: Any, kind: str, error: Exception) -> None:
+        self._log_once(kind, error)
+        try:
+            recorder_for(runner).count_error(kind)
+        except Exception:  # counting must not raise either
+            pass
+
+    def _log_once(self, kind: str, error: Exception) -> None:
+        if kind in self._logged:
+            return
+        self._logged.add(kind)
+        logger.error(
+            "rllib_recorder: %s failed (%s: %s); recording continues, the error is counted "
+            "in result['recorder']['errors'] (further ones are not logged)",
+            kind, type(error).__name__, error, exc_info=error,
+        )

@@ -1,0 +1,263 @@
+"""The driver side of a recording: run directory, manifest, writer pool, metrics, drain on stop."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import socket
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+import ray
+
+from rllib_recorder.config import RecorderConfig
+from rllib_recorder.errors import OutputDirError, RecorderError
+from rllib_recorder.manifest import now_iso, versions, write_manifest
+from rllib_recorder.pool import Binding, WriterPool
+from rllib_recorder.runner import bind_env_runner, drain_env_runner, recorder_for
+
+logger = logging.getLogger(__name__)
+
+_RUNNER_SUMS = ("chunks_sent", "chunks_acked", "chunks_in_flight", "chunks_dropped", "rows_dropped",
+                "wait_s", "resends", "send_errors", "errors", "samples")
+_WRITER_SUMS = ("env_steps", "agent_steps", "chunks", "raw_bytes", "disk_bytes", "write_s",
+                "duplicate_chunks", "errors")
+
+
+def resolve_run_dir(output_dir: str, config: RecorderConfig, algorithm: Any) -> str:
+    """The run directory: ``output_dir/run_name``; under Tune one sub-directory per trial."""
+    trial = getattr(algorithm, "trial_name", "default")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    if trial and trial != "default":
+        if config.run_name:
+            return os.path.join(output_dir, config.run_name, trial)
+        return os.path.join(output_dir, f"{trial}_{stamp}")
+    if config.run_name:
+        return os.path.join(output_dir, config.run_name)
+    env = str(algorithm.config.env).split(".")[-1].replace("/", "_")[:40] if algorithm.config.env else "env"
+    return os.path.join(output_dir, f"{type(algorithm).__name__}_{env}_{stamp}_{uuid.uuid4().hex[:6]}")
+
+
+class RunRecorder:
+    """Everything the recorder does in the algorithm's process, for one run."""
+
+    def __init__(self, algorithm: Any, config: RecorderConfig) -> None:
+        self.config = config
+        self.run_dir = resolve_run_dir(config.check_output_dir(), config, algorithm)
+        if os.path.exists(self.run_dir) and os.listdir(self.run_dir):
+            raise OutputDirError(
+                f"run directory {self.run_dir!r} already holds a run; choose another run_name "
+                "or output_dir (a recording never overwrites an earlier one)"
+            )
+        os.makedirs(self.run_dir, exist_ok=True)
+        self.run_id = uuid.uuid4().hex[:16]
+        self.closed = False
+        self.learner_version = -1
+        self.errors: Counter[str] = Counter()
+        self._rate_base: tuple[float, int, int, int] | None = None
+        self.manifest = self._initial_manifest(algorithm)
+        write_manifest(self.run_dir, self.manifest)
+        self.pool = WriterPool(self.run_id, self.run_dir, config)
+        self.binding = Binding(
+            run_id=self.run_id, run_dir=self.run_dir, namespace=ray.get_runtime_context().namespace,
+            num_writers=config.num_writers, config=config,
+        )
+        if config_is_new_stack(algorithm):
+            self.learner_version = 0  # RLlib's learners start at weights_seq_no 0
+            self.pool.set_learner_version(0)
+        for group, _ in self._groups(algorithm):
+            self.bind(group)
+        self._install_stop_hook(algorithm)
+        logger.info("rllib_recorder: recording into %s", self.run_dir)
+
+    def bind(self, group: Any, indices: list[int] | None = None) -> None:
+        """Connects the env runners of ``group`` (or just ``indices``) to their writers."""
+        group.foreach_env_runner(
+            functools.partial(bind_env_runner, binding=self.binding),
+            local_env_runner=indices is None, remote_worker_ids=indices,
+        )
+
+    def on_train_result(self, result: dict[str, Any]) -> None:
+        """Tells writers the learner's version and adds ``result['recorder']``."""
+        version = _learner_version(result)
+        if version is not None and version != self.learner_version:
+            self.learner_version = version
+            self.pool.set_learner_version(version)
+        result["recorder"] = self.metrics(self.pool.stats(), result)
+        errors = result["recorder"]["errors"]
+        if self.config.fail_on_error and errors:
+            raise RecorderError(
+                f"rllib_recorder counted {errors} error(s) (see the env runner logs); "
+                "training stops because fail_on_error=True"
+            )
+
+    def metrics(self, writer_stats: list[dict[str, Any]], result: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Sums writer and env-runner counters into one flat dict of recorder metrics."""
+        writers = Counter()
+        runners = Counter()
+        lag: Counter[int] = Counter()
+        max_wait = 0.0
+        for stats in writer_stats:
+            writers.update({k: stats.get(k, 0) for k in _WRITER_SUMS})
+            lag.update({int(k): v for k, v in stats.get("policy_lag_counts", {}).items()})
+            for runner in stats.get("runners", {}).values():
+                runners.update({k: runner.get(k, 0) for k in _RUNNER_SUMS})
+                max_wait = max(max_wait, runner.get("max_wait_s", 0.0))
+        total_lag = sum(lag.values())
+        out = {
+            "run_dir": self.run_dir,
+            "env_steps_stored": writers["env_steps"], "agent_steps_stored": writers["agent_steps"],
+            "chunks_stored": writers["chunks"], "raw_bytes": writers["raw_bytes"],
+            "disk_bytes": writers["disk_bytes"], "writer_busy_s": writers["write_s"],
+            "duplicate_chunks": writers["duplicate_chunks"],
+            "chunks_in_flight": runners["chunks_in_flight"], "sampler_wait_s": runners["wait_s"],
+            "sampler_max_wait_s": max_wait, "chunks_dropped": runners["chunks_dropped"],
+            "rows_dropped": runners["rows_dropped"], "resends": runners["resends"],
+            "errors": writers["errors"] + runners["errors"] + sum(self.errors.values()),
+            "learner_version": self.learner_version,
+            "policy_lag_mean": sum(k * v for k, v in lag.items()) / total_lag if total_lag else 0.0,
+            "policy_lag_max": max(lag) if lag else 0,
+            "policy_lag_hist": {str(k): v for k, v in sorted(lag.items())},
+        }
+        if result is not None:
+            out.update(self._rates(out["env_steps_stored"], result))
+        return out
+
+    def close(self, algorithm: Any) -> dict[str, Any]:
+        """Drains every env runner, closes every file, finishes the manifest (idempotent)."""
+        if self.closed:
+            return self.manifest.get("totals", {})
+        self.closed = True
+        drains = []
+        for group, is_evaluation in self._groups(algorithm):
+            drains += self._drain(group, is_evaluation)
+        writer_stats = self.pool.close(self.config.drain_timeout_s)
+        totals = self.metrics(writer_stats)
+        totals["unacked_at_stop"] = sum(d.get("unacked", 0) for d in drains)
+        self.manifest.update(
+            status="finished", finished_at=now_iso(), totals=totals,
+            files=sorted(f for s in writer_stats for f in s.get("files_written", [])),
+            nodes=sorted({s.get("node") for s in writer_stats if s.get("node")}),
+        )
+        write_manifest(self.run_dir, self.manifest)
+        if totals["unacked_at_stop"]:
+            logger.error("rllib_recorder: %d chunk(s) were not acknowledged before stop",
+                         totals["unacked_at_stop"])
+        return totals
+
+    def _drain(self, group: Any, is_evaluation: bool) -> list[dict[str, Any]]:
+        timeout = self.config.drain_timeout_s
+        try:
+            reports = group.foreach_env_runner(
+                functools.partial(drain_env_runner, timeout_s=timeout),
+                local_env_runner=True, timeout_seconds=timeout + 10,
+            )
+        except Exception as e:  # a dead runner must not keep the others from closing
+            self.errors["drain"] += 1
+            logger.warning("rllib_recorder: draining %s env runners failed: %s",
+                           "evaluation" if is_evaluation else "training", e)
+            return []
+        return [r for r in reports if isinstance(r, dict)]
+
+    def _groups(self, algorithm: Any) -> list[tuple[Any, bool]]:
+        groups = [(getattr(algorithm, "env_runner_group", None), False)]
+        if self.config.record_evaluation:
+            groups.append((getattr(algorithm, "eval_env_runner_group", None), True))
+        return [(g, e) for g, e in groups if g is not None]
+
+    def _install_stop_hook(self, algorithm: Any) -> None:
+        # RLlib has no stop callback. Trainable.stop() (algo.stop(), and Tune at the end
+        # of a trial) calls self.cleanup(), which stops the env runners: drain first.
+        original_cleanup = algorithm.cleanup
+
+        def cleanup_after_recording() -> None:
+            try:
+                self.close(algorithm)
+            except Exception:
+                logger.exception("rllib_recorder: closing the recording failed")
+            finally:
+                original_cleanup()
+
+        algorithm.cleanup = cleanup_after_recording
+
+    def _initial_manifest(self, algorithm: Any) -> dict[str, Any]:
+        config = algorithm.config
+        return {
+            "format": "rllib_recorder", "schema_version": _schema_version(), "run_id": self.run_id,
+            "status": "running", "started_at": now_iso(), "finished_at": None,
+            "versions": versions(), "algorithm": type(algorithm).__name__,
+            "env": str(config.env), "env_config": _jsonable(dict(config.env_config or {})),
+            "api_stack": "new" if config_is_new_stack(algorithm) else "old",
+            "batch_mode": config.batch_mode, "num_env_runners": config.num_env_runners,
+            "trial_name": getattr(algorithm, "trial_name", "default"),
+            "spaces": _spaces(algorithm), "recorder": self.config.to_dict(),
+            "driver_host": socket.gethostname(),
+        }
+
+    def _rates(self, stored: int, result: dict[str, Any]) -> dict[str, float]:
+        """TianJi's three rates: samples produced, stored and consumed per second."""
+        produced = int(_find(result, ("env_runners", "num_env_steps_sampled_lifetime"), 0) or 0)
+        consumed = int(_find(result, ("learners", "__all_modules__", "num_env_steps_trained_lifetime"), 0) or 0)
+        now = time.monotonic()
+        base, self._rate_base = self._rate_base, (now, produced, stored, consumed)
+        if base is None or now <= base[0]:
+            return {}
+        dt = now - base[0]
+        return {
+            "produced_steps_per_s": (produced - base[1]) / dt,
+            "stored_steps_per_s": (stored - base[2]) / dt,
+            "consumed_steps_per_s": (consumed - base[3]) / dt,
+        }
+
+
+def record_sample(env_runner: Any, samples: Any) -> None:
+    """Hands one ``on_sample_end`` payload to this env runner's recorder."""
+    recorder_for(env_runner).record(samples, env_runner)
+
+
+def config_is_new_stack(algorithm: Any) -> bool:
+    return bool(algorithm.config.enable_env_runner_and_connector_v2)
+
+
+def _learner_version(result: dict[str, Any]) -> int | None:
+    learners = result.get("learners") or {}
+    versions_seen = [
+        int(v["weights_seq_no"]) for k, v in learners.items()
+        if k != "__all_modules__" and isinstance(v, dict) and "weights_seq_no" in v
+    ]
+    return max(versions_seen) if versions_seen else None
+
+
+def _find(tree: dict[str, Any], path: tuple[str, ...], default: Any) -> Any:
+    for key in path:
+        if not isinstance(tree, dict) or key not in tree:
+            return default
+        tree = tree[key]
+    return tree
+
+
+def _spaces(algorithm: Any) -> dict[str, Any]:
+    try:
+        spaces = algorithm.env_runner_group.get_spaces()
+        return {str(k): {"observation": repr(v[0]), "action": repr(v[1])} for k, v in spaces.items()}
+    except Exception as e:  # spaces are informative; their absence must not stop a run
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def _jsonable(value: Any) -> Any:
+    import json
+
+    try:
+        json.dumps(value)
+        return value
+    except TypeError:
+        return repr(value)
+
+
+def _schema_version() -> str:
+    from rllib_recorder.schema import SCHEMA_VERSION
+
+    return SCHEMA_VERSION

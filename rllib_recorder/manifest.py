@@ -1,0 +1,60 @@
+"""The run manifest: one JSON file per run directory, written atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from typing import Any
+
+from rllib_recorder.errors import SchemaError
+
+MANIFEST_NAME = "manifest.json"
+
+
+def versions() -> dict[str, str]:
+    """Versions of everything that shapes what a run stores."""
+    import gymnasium
+    import h5py
+    import numpy
+    import ray
+
+    from rllib_recorder import __version__
+
+    return {
+        "rllib_recorder": __version__, "ray": ray.__version__, "gymnasium": gymnasium.__version__,
+        "numpy": numpy.__version__, "h5py": h5py.__version__, "hdf5": h5py.version.hdf5_version,
+        "python": platform.python_version(),
+    }
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def write_manifest(run_dir: str, manifest: dict[str, Any]) -> str:
+    """Writes ``manifest.json`` atomically (a crash leaves the old or the new one)."""
+    path = os.path.join(run_dir, MANIFEST_NAME)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=2, sort_keys=True, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def read_manifest(run_dir: str) -> dict[str, Any]:
+    """Reads a run's manifest; SchemaError names the problem when it is missing or broken."""
+    path = os.path.join(run_dir, MANIFEST_NAME)
+    if not os.path.isfile(path):
+        raise SchemaError(f"{run_dir} is not an rllib_recorder run: it has no {MANIFEST_NAME}")
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as e:
+        raise SchemaError(f"{path} is not a readable manifest ({e}); run 'rllib-recorder recover'") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != "rllib_recorder":
+        raise SchemaError(f"{path} is not an rllib_recorder manifest")
+    return manifest

@@ -1,0 +1,237 @@
+"""Reading a run back: lazily, per worker file, episode or batch, as numpy."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import h5py
+import numpy as np
+
+from rllib_recorder import schema
+from rllib_recorder.errors import SchemaError
+from rllib_recorder.manifest import read_manifest
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One agent's episode, stitched from its fragments; arrays are numpy.
+
+    ``obs`` has one more row than ``actions`` when the last observation is stored;
+    ``next_obs`` is ``obs[1:]``. Nested observations are dicts/tuples of arrays.
+    """
+
+    eps_id: str
+    agent_id: str
+    worker_index: int
+    obs: Any
+    actions: Any
+    rewards: np.ndarray
+    terminateds: np.ndarray
+    truncateds: np.ndarray
+    t: np.ndarray
+    weights_seq_no: np.ndarray
+    extra_model_outputs: dict[str, Any] = field(default_factory=dict)
+    infos: list[Any] | None = None
+    module_id: str = ""
+
+    def __len__(self) -> int:
+        return len(self.rewards)
+
+    @property
+    def next_obs(self) -> Any:
+        return _map(lambda a: a[1:], self.obs)
+
+    @property
+    def episode_return(self) -> float:
+        return float(np.sum(self.rewards))
+
+    @property
+    def is_done(self) -> bool:
+        return bool(len(self) and (self.terminateds[-1] or self.truncateds[-1]))
+
+    def __repr__(self) -> str:
+        shapes = _map(lambda a: f"{a.dtype}{list(a.shape)}", self.obs)
+        return (f"Episode(eps_id={self.eps_id!r}, agent_id={self.agent_id!r}, worker={self.worker_index}, "
+                f"len={len(self)}, return={self.episode_return:.3g}, obs={shapes})")
+
+
+class WorkerFile:
+    """One env runner's HDF5 file, opened read-only on first use."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._h5: h5py.File | None = None
+
+    @property
+    def h5(self) -> h5py.File:
+        if self._h5 is None:
+            try:
+                self._h5 = h5py.File(self.path, "r")
+            except OSError as e:
+                raise SchemaError(
+                    f"{self.path} is not a readable HDF5 file ({e}); run 'rllib-recorder recover'"
+                ) from None
+            schema.validate_header(self._h5, self.path)
+        return self._h5
+
+    @property
+    def worker_index(self) -> int:
+        return int(self.h5.attrs["worker_index"])
+
+    @property
+    def is_evaluation(self) -> bool:
+        return bool(self.h5.attrs["is_evaluation"])
+
+    @property
+    def commit(self) -> dict[str, Any]:
+        return schema.read_commit(self.h5)
+
+    @property
+    def agents(self) -> list[str]:
+        return sorted(self.h5["agents"].keys())
+
+    def batches(self) -> dict[str, np.ndarray]:
+        """The batch index: one row per stored chunk."""
+        n = self.commit["batches"]
+        return {k: v[:n] for k, v in self.h5["batches"].items()}
+
+    def fragments(self, agent: str) -> dict[str, np.ndarray]:
+        """The episode index of ``agent`` (scalar columns; one row per fragment)."""
+        group = self.h5[f"agents/{agent}/fragments"]
+        n = self.commit["agents"].get(agent, (0, 0))[1]
+        return {k: v[:n] for k, v in group.items() if isinstance(v, h5py.Dataset) and v.ndim == 1
+                and not k.startswith("last_") and k != "infos"}
+
+    def column(self, agent: str, path: str, rows: slice = slice(None)) -> Any:
+        """One step column of ``agent`` (nested spaces come back as dicts/tuples)."""
+        return _read(self.h5[f"agents/{agent}/steps/{path}"], rows)
+
+    def episode_ids(self, agent: str | None = None) -> list[str]:
+        agents = [agent] if agent else self.agents
+        seen: dict[str, None] = {}
+        for a in agents:
+            for eps in self.fragments(a)["eps_id"].tolist():
+                seen.setdefault(eps.decode(), None)
+        return list(seen)
+
+    def episode(self, eps_id: str, agent: str) -> Episode:
+        """One agent's episode, read through the episode index (no scan of step data)."""
+        frags = self.fragments(agent)
+        where = np.flatnonzero(frags["eps_id"] == eps_id.encode())
+        if not len(where):
+            raise KeyError(f"episode {eps_id!r} of agent {agent!r} is not in {self.path}")
+        where = where[np.argsort(frags["t_start"][where], kind="stable")]
+        steps = self.h5[f"agents/{agent}/steps"]
+        pieces = [slice(int(frags["first_row"][i]), int(frags["first_row"][i] + frags["num_rows"][i])) for i in where]
+        read = lambda path: _concat([_read(steps[path], s) for s in pieces])  # noqa: E731
+        last = where[-1]
+        obs = read("obs")
+        frag_group = self.h5[f"agents/{agent}/fragments"]
+        if frags["has_last_obs"][last]:
+            obs = _concat([obs, _read(frag_group["last_obs"], slice(int(last), int(last) + 1))])
+        extras = {k: read(f"extra_model_outputs/{k}") for k in steps.get("extra_model_outputs", {})}
+        infos = None
+        if "infos" in frag_group:
+            infos = []
+            for i in where:
+                fragment_infos = json.loads(frag_group["infos"][i])
+                infos.extend(fragment_infos if not infos else fragment_infos[1:])
+        return Episode(
+            eps_id=eps_id, agent_id=agent, worker_index=self.worker_index, obs=obs,
+            actions=read("actions"), rewards=read("rewards"), terminateds=read("terminateds"),
+            truncateds=read("truncateds"), t=read("t"), weights_seq_no=read("weights_seq_no"),
+            extra_model_outputs=extras, infos=infos,
+            module_id=frag_group["module_id"][last].decode() if "module_id" in frag_group else "",
+        )
+
+    def close(self) -> None:
+        if self._h5 is not None:
+            self._h5.close()
+            self._h5 = None
+
+
+class Run:
+    """A recorded run: its manifest and worker files; nothing is read until asked for."""
+
+    def __init__(self, path: str) -> None:
+        if not os.path.isdir(path):
+            raise SchemaError(f"{path} is not a directory; pass the run directory (it holds manifest.json)")
+        self.path = path
+        self.manifest = read_manifest(path)
+        schema.check_version(self.manifest.get("schema_version"), os.path.join(path, "manifest.json"))
+        self.files = [WorkerFile(p) for p in sorted(glob.glob(os.path.join(path, "*.h5")))]
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+    def worker(self, worker_index: int, is_evaluation: bool = False) -> WorkerFile:
+        for f in self.files:
+            if f.worker_index == worker_index and f.is_evaluation == is_evaluation:
+                return f
+        raise KeyError(f"run {self.path} has no {'evaluation ' if is_evaluation else ''}worker {worker_index}")
+
+    @property
+    def num_env_steps(self) -> int:
+        return sum(int(f.batches()["env_steps"].sum()) for f in self.files if f.commit["batches"])
+
+    def episodes(self, *, evaluation: bool | None = False) -> Iterator[Episode]:
+        """Every agent episode, file by file, in the order their first fragment was stored."""
+        for f in self.files:
+            if evaluation is not None and f.is_evaluation != evaluation:
+                continue
+            for agent in f.agents:
+                for eps_id in f.episode_ids(agent):
+                    yield f.episode(eps_id, agent)
+
+    def episode(self, eps_id: str, agent: str | None = None) -> Episode:
+        """One episode by id; ``agent`` is needed only for multi-agent runs."""
+        for f in self.files:
+            for a in [agent] if agent else f.agents:
+                if a in f.agents and eps_id.encode() in f.fragments(a)["eps_id"]:
+                    return f.episode(eps_id, a)
+        raise KeyError(f"episode {eps_id!r} is not in run {self.path}")
+
+    def __repr__(self) -> str:
+        return f"Run({self.path!r}, files={len(self.files)}, status={self.manifest.get('status')!r})"
+
+
+def open_run(path: str) -> Run:
+    """Opens a run directory for reading."""
+    return Run(os.fspath(path))
+
+
+def _read(node: Any, rows: slice) -> Any:
+    if isinstance(node, h5py.Dataset):
+        return node[rows]
+    kind = node.attrs.get("container", "dict")
+    if kind == "tuple":
+        return tuple(_read(node[str(i)], rows) for i in range(len(node)))
+    return {k: _read(v, rows) for k, v in node.items()}
+
+
+def _concat(parts: list[Any]) -> Any:
+    first = parts[0]
+    if isinstance(first, dict):
+        return {k: _concat([p[k] for p in parts]) for k in first}
+    if isinstance(first, tuple):
+        return tuple(_concat([p[i] for p in parts]) for i in range(len(first)))
+    return np.concatenate(parts)
+
+
+def _map(fn: Any, value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _map(fn, v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_map(fn, v) for v in value)
+    return fn(value)

@@ -1,0 +1,126 @@
+"""The env-runner side: one RunnerRecorder per env runner, bound to its run's writers by the driver."""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections import Counter
+from typing import Any
+
+from rllib_recorder.convert import Chunk, ConvertOptions, batch_to_chunk, episodes_to_chunk
+from rllib_recorder.outbox import Outbox
+from rllib_recorder.pool import Binding, RayTransport
+
+logger = logging.getLogger(__name__)
+
+# One recorder per env runner object; a restarted runner is a new object (and process).
+_RECORDERS: "weakref.WeakKeyDictionary[Any, RunnerRecorder]" = weakref.WeakKeyDictionary()
+# Samples held while a runner is not bound yet (it normally is before its first sample).
+MAX_UNBOUND_CHUNKS = 64
+
+
+def recorder_for(env_runner: Any) -> "RunnerRecorder":
+    """The recorder of ``env_runner`` (created on first use)."""
+    recorder = _RECORDERS.get(env_runner)
+    if recorder is None:
+        recorder = RunnerRecorder(
+            worker_index=int(getattr(env_runner, "worker_index", 0) or 0),
+            is_evaluation=bool(getattr(env_runner.config, "in_evaluation", False)),
+        )
+        _RECORDERS[env_runner] = recorder
+    return recorder
+
+
+def bind_env_runner(env_runner: Any, binding: Binding) -> dict[str, Any]:
+    """Run on each env runner by the driver (``foreach_env_runner``): connect it to its writer."""
+    recorder = recorder_for(env_runner)
+    recorder.bind(binding)
+    return {"worker_index": recorder.worker_index, "is_evaluation": recorder.is_evaluation}
+
+
+def drain_env_runner(env_runner: Any, timeout_s: float) -> dict[str, Any]:
+    """Run on each env runner when the algorithm stops: send and await everything held."""
+    recorder = _RECORDERS.get(env_runner)
+    if recorder is None:
+        return {"worker_index": getattr(env_runner, "worker_index", 0), "unacked": 0, "samples": 0}
+    return recorder.drain(timeout_s)
+
+
+class RunnerRecorder:
+    """Converts each sample of one env runner and hands it to the outbox; never touches HDF5."""
+
+    def __init__(self, worker_index: int, is_evaluation: bool) -> None:
+        self.worker_index = worker_index
+        self.is_evaluation = is_evaluation
+        self.binding: Binding | None = None
+        self.outbox: Outbox | None = None
+        self.options = ConvertOptions()
+        self.errors: Counter[str] = Counter()
+        self._unbound: list[Chunk] = []
+
+    @property
+    def enabled(self) -> bool:
+        return self.binding is None or not self.is_evaluation or self.binding.config.record_evaluation
+
+    def bind(self, binding: Binding) -> None:
+        if self.binding is not None and self.binding.run_id == binding.run_id:
+            return
+        config = binding.config
+        self.binding = binding
+        self.options = ConvertOptions(config.record_infos, config.record_extra_model_outputs)
+        if not self.enabled:
+            self._unbound.clear()
+            return
+        self.transport = RayTransport(binding, self.worker_index, self.is_evaluation)
+        self.outbox = Outbox(
+            self.transport, window=config.max_in_flight, policy=config.backpressure,
+            coalesce_rows=config.coalesce_rows, coalesce_s=config.coalesce_s,
+            max_wait_s=config.drain_timeout_s,
+        )
+        for chunk in self._unbound:
+            self.outbox.add(chunk)
+        self._unbound.clear()
+
+    def record(self, samples: Any, env_runner: Any) -> None:
+        """Converts one ``on_sample_end`` payload and queues it for its writer."""
+        if not self.enabled:
+            return
+        now = time.time()
+        if isinstance(samples, list):
+            chunk = episodes_to_chunk(samples, self.options, sampled_at_s=now)
+        else:
+            version = getattr(env_runner, "weights_seq_no", None)
+            chunk = batch_to_chunk(samples, self.options, -1 if version is None else int(version), now)
+        if not chunk.streams:
+            return
+        if self.outbox is None:
+            if len(self._unbound) >= MAX_UNBOUND_CHUNKS:
+                self.count_error("unbound_overflow")
+                return
+            self._unbound.append(chunk)
+            return
+        self.outbox.add(chunk)
+
+    def count_error(self, kind: str) -> None:
+        self.errors[kind] += 1
+        if self.outbox is not None:
+            try:
+                self.transport.report(self.stats())
+            except Exception:  # reporting is best effort; the count stays here
+                pass
+
+    def stats(self) -> dict[str, Any]:
+        stats = self.outbox.stats_dict() if self.outbox is not None else {}
+        stats["errors"] = sum(self.errors.values())
+        stats["error_kinds"] = dict(self.errors)
+        stats["unbound_chunks"] = len(self._unbound)
+        return stats
+
+    def drain(self, timeout_s: float) -> dict[str, Any]:
+        unacked = self.outbox.drain(timeout_s) if self.outbox is not None else len(self._unbound)
+        stats = self.stats()
+        if self.outbox is not None:
+            self.transport.report(stats)
+        return {"worker_index": self.worker_index, "is_evaluation": self.is_evaluation,
+                "unacked": unacked, **stats}

@@ -1,0 +1,100 @@
+"""Deterministic test envs whose every observation encodes (env runner, episode number, step)."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+from ray.rllib.env.multi_agent_env import MultiAgentEnv
+
+
+def episode_length(episode: int) -> int:
+    """Episodes last 5 to 11 steps, so fragments often cut them."""
+    return 5 + episode % 7
+
+
+class CountingEnv(gym.Env):
+    """obs = (worker_index, episode number, t); reward = t + 1; terminates per ``episode_length``.
+
+    ``obs_kind`` switches the observation space: ``vector`` (Box float32), ``image``
+    (Box uint8 10x10x3, channels worker/episode/t) or ``dict`` (Dict with a nested Tuple).
+    """
+
+    def __init__(self, config: dict | None = None):
+        config = config or {}
+        self.worker_index = int(getattr(config, "worker_index", 0))
+        self.kind = config.get("obs_kind", "vector")
+        self.observation_space = {
+            "vector": gym.spaces.Box(-1e6, 1e6, (3,), np.float32),
+            "image": gym.spaces.Box(0, 255, (10, 10, 3), np.uint8),
+            "dict": gym.spaces.Dict({
+                "ids": gym.spaces.Box(-1e6, 1e6, (2,), np.float32),
+                "clock": gym.spaces.Tuple((gym.spaces.Discrete(1000), gym.spaces.Box(0, 1, (1,), np.float32))),
+            }),
+        }[self.kind]
+        self.action_space = gym.spaces.Discrete(2)
+        self.episode = -1
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.episode += 1
+        self.t = 0
+        return self._obs(), {"episode": self.episode}
+
+    def step(self, action):
+        self.t += 1
+        terminated = self.t >= episode_length(self.episode)
+        return self._obs(), float(self.t), terminated, False, {"t": self.t, "action": int(action)}
+
+    def _obs(self):
+        if self.kind == "image":
+            image = np.zeros((10, 10, 3), np.uint8)
+            image[..., 0], image[..., 1], image[..., 2] = self.worker_index, self.episode % 256, self.t
+            return image
+        if self.kind == "dict":
+            return {"ids": np.array([self.worker_index, self.episode], np.float32),
+                    "clock": (self.t, np.array([0.5], np.float32))}
+        return np.array([self.worker_index, self.episode, self.t], np.float32)
+
+
+def decode(obs, kind: str) -> np.ndarray:
+    """(worker, episode, t) rows of a stored observation column of any kind."""
+    if kind == "image":
+        return obs[:, 0, 0, :].astype(np.int64)
+    if kind == "dict":
+        return np.column_stack([obs["ids"][:, 0], obs["ids"][:, 1], obs["clock"][0]]).astype(np.int64)
+    return obs.astype(np.int64)
+
+
+class TwoAgentCountingEnv(MultiAgentEnv):
+    """Two agents; agent 'b' stops two steps before 'a'. obs = (worker, episode, t, agent)."""
+
+    def __init__(self, config: dict | None = None):
+        super().__init__()
+        self.worker_index = int(getattr(config or {}, "worker_index", 0))
+        space = gym.spaces.Box(-1e6, 1e6, (4,), np.float32)
+        self.agents = self.possible_agents = ["a", "b"]
+        self.observation_spaces = {"a": space, "b": space}
+        self.action_spaces = {"a": gym.spaces.Discrete(2), "b": gym.spaces.Discrete(2)}
+        self.episode = -1
+        self.t = 0
+
+    def _obs(self, agent):
+        return np.array([self.worker_index, self.episode, self.t, 0 if agent == "a" else 1], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        self.episode += 1
+        self.t = 0
+        return {a: self._obs(a) for a in ("a", "b")}, {}
+
+    def step(self, actions):
+        self.t += 1
+        length = episode_length(self.episode) + 2
+        acting = [a for a in actions]
+        done_b = self.t >= length - 2
+        obs = {a: self._obs(a) for a in acting}
+        rewards = {a: float(self.t) for a in acting}
+        terminateds = {"a": self.t >= length, "__all__": self.t >= length}
+        if "b" in acting:
+            terminateds["b"] = done_b
+        return obs, rewards, terminateds, {"__all__": False}, {}
