@@ -16,7 +16,7 @@ class CountingEnv(gym.Env):
     """obs = (worker_index, episode number, t); reward = t + 1; terminates per ``episode_length``.
 
     ``obs_kind`` switches the observation space: ``vector`` (Box float32), ``image``
-    (Box uint8 10x10x3, channels worker/episode/t) or ``dict`` (Dict with a nested Tuple).
+    (Box float32 10x10x3, channels worker/episode/t; ``image_u8``: uint8) or ``dict`` (Dict with a nested Tuple).
     """
 
     def __init__(self, config: dict | None = None):
@@ -25,7 +25,8 @@ class CountingEnv(gym.Env):
         self.kind = config.get("obs_kind", "vector")
         self.observation_space = {
             "vector": gym.spaces.Box(-1e6, 1e6, (3,), np.float32),
-            "image": gym.spaces.Box(0, 255, (10, 10, 3), np.uint8),
+            "image": gym.spaces.Box(0, 255, (10, 10, 3), np.float32),  # as RLlib's Atari wrappers give
+            "image_u8": gym.spaces.Box(0, 255, (10, 10, 3), np.uint8),
             "dict": gym.spaces.Dict({
                 "ids": gym.spaces.Box(-1e6, 1e6, (2,), np.float32),
                 "clock": gym.spaces.Tuple((gym.spaces.Discrete(1000), gym.spaces.Box(0, 1, (1,), np.float32))),
@@ -47,8 +48,8 @@ class CountingEnv(gym.Env):
         return self._obs(), float(self.t), terminated, False, {"t": self.t, "action": int(action)}
 
     def _obs(self):
-        if self.kind == "image":
-            image = np.zeros((10, 10, 3), np.uint8)
+        if self.kind.startswith("image"):
+            image = np.zeros((10, 10, 3), self.observation_space.dtype)
             image[..., 0], image[..., 1], image[..., 2] = self.worker_index, self.episode % 256, self.t
             return image
         if self.kind == "dict":
@@ -59,10 +60,12 @@ class CountingEnv(gym.Env):
 
 def decode(obs, kind: str) -> np.ndarray:
     """(worker, episode, t) rows of a stored observation column of any kind."""
-    if kind == "image":
+    if kind.startswith("image"):
         return obs[:, 0, 0, :].astype(np.int64)
-    if kind == "dict":
+    if kind == "dict" and isinstance(obs, dict):
         return np.column_stack([obs["ids"][:, 0], obs["ids"][:, 1], obs["clock"][0]]).astype(np.int64)
+    if kind == "dict":  # flattened by RLlib's FlattenObservations: one-hot(1000) t, Box(1), ids(2)
+        return np.column_stack([obs[:, -2], obs[:, -1], obs[:, :1000].argmax(axis=1)]).astype(np.int64)
     return obs.astype(np.int64)
 
 

@@ -9,6 +9,7 @@ import pytest
 from ray.rllib.algorithms.ppo import PPOConfig
 from ray.rllib.algorithms.callbacks import make_multi_callbacks
 from ray.rllib.callbacks.callbacks import RLlibCallback
+from ray.rllib.connectors.env_to_module.flatten_observations import FlattenObservations
 from ray.tune.registry import register_env
 
 from rllib_recorder import RecorderCallback
@@ -42,6 +43,8 @@ def ppo(env="counting", obs_kind="vector", runners=2, old_stack=False, multi_age
         .env_runners(num_env_runners=runners, rollout_fragment_length=40)
         .training(train_batch_size=80 * max(runners, 1), minibatch_size=40, num_epochs=1)
     )
+    if obs_kind == "dict":  # RLlib's default models need flat inputs; the connector flattens episodes too
+        config = config.env_runners(env_to_module_connector=lambda env, spaces, device: FlattenObservations())
     if old_stack:
         config = config.api_stack(enable_rl_module_and_learner=False, enable_env_runner_and_connector_v2=False)
     if multi_agent:
@@ -127,8 +130,9 @@ def test_behaviour_policy_versions_and_extras_are_stored(new_stack_run):
 @pytest.mark.parametrize(
     "obs_kind, old_stack, multi_agent",
     [("vector", False, True), ("vector", True, False), ("vector", True, True), ("image", False, False),
-     ("dict", False, False)],
-    ids=["new-multi-agent", "old-single-agent", "old-multi-agent", "image-obs", "dict-obs"],
+     ("image_u8", True, False), ("dict", False, False)],
+    ids=["new-multi-agent", "old-single-agent", "old-multi-agent", "image-obs", "uint8-image-obs-old-stack",
+         "dict-obs"],
 )
 def test_recorded_runs_read_back_exactly(ray_session, tmp_path, obs_kind, old_stack, multi_agent):
     env = "counting_ma" if multi_agent else "counting"

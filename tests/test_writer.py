@@ -111,3 +111,25 @@ def test_writer_refuses_pickling(tmp_path):
 
     with pytest.raises(TypeError, match="cannot be pickled"):
         pickle.dumps(_writer(tmp_path))
+
+
+def test_nested_dict_tuple_observations_read_back_as_nested(tmp_path):
+    from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+
+    from rllib_recorder.manifest import write_manifest
+    from rllib_recorder.reader import open_run
+
+    obs = [{"pos": np.full(2, t, np.float32), "inv": (np.int64(t), np.full(3, t, np.uint8))} for t in range(4)]
+    episode = SingleAgentEpisode(id_="e", observations=obs, actions=[0, 1, 0], rewards=[1.0, 2.0, 3.0],
+                                 terminated=True, len_lookback_buffer=0)
+    episode.to_numpy()
+    writer = _writer(tmp_path)
+    writer.append(1, False, b"x" * 32, 0, episodes_to_chunk([episode]))
+    writer.close()
+    write_manifest(str(tmp_path), {"format": "rllib_recorder", "schema_version": schema.SCHEMA_VERSION})
+    with open_run(str(tmp_path)) as run:
+        stored = run.episode("e")
+    assert isinstance(stored.obs, dict) and isinstance(stored.obs["inv"], tuple)
+    np.testing.assert_array_equal(stored.obs["inv"][0], [0, 1, 2, 3])
+    np.testing.assert_array_equal(stored.obs["inv"][1], np.repeat(np.arange(4, dtype=np.uint8), 3).reshape(4, 3))
+    np.testing.assert_array_equal(stored.next_obs["pos"], [[1, 1], [2, 2], [3, 3]])
