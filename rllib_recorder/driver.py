@@ -22,7 +22,7 @@ from rllib_recorder.runner import bind_env_runner, drain_env_runner, recorder_fo
 logger = logging.getLogger(__name__)
 
 _RUNNER_SUMS = ("chunks_sent", "chunks_acked", "chunks_in_flight", "chunks_dropped", "rows_dropped",
-                "wait_s", "resends", "send_errors", "errors", "samples")
+                "chunks_failed", "rows_failed", "wait_s", "resends", "send_errors", "errors", "samples")
 _WRITER_SUMS = ("env_steps", "agent_steps", "chunks", "raw_bytes", "disk_bytes", "write_s",
                 "duplicate_chunks", "errors")
 
@@ -115,8 +115,9 @@ class RunRecorder:
             "duplicate_chunks": writers["duplicate_chunks"],
             "chunks_in_flight": runners["chunks_in_flight"], "sampler_wait_s": runners["wait_s"],
             "sampler_max_wait_s": max_wait, "chunks_dropped": runners["chunks_dropped"],
-            "rows_dropped": runners["rows_dropped"], "resends": runners["resends"],
-            "errors": writers["errors"] + runners["errors"] + sum(self.errors.values()),
+            "rows_dropped": runners["rows_dropped"], "chunks_failed": runners["chunks_failed"],
+            "rows_failed": runners["rows_failed"], "resends": runners["resends"],
+            "errors": writers["errors"] + runners["errors"] + runners["chunks_failed"] + sum(self.errors.values()),
             "learner_version": self.learner_version,
             "policy_lag_mean": sum(k * v for k, v in lag.items()) / total_lag if total_lag else 0.0,
             "policy_lag_max": max(lag) if lag else 0,

@@ -26,6 +26,9 @@ class Transport(Protocol):
     def result(self, handle: Any) -> dict[str, Any]:
         """The ack of a completed handle; raises if storing failed."""
 
+    def retryable(self, error: Exception) -> bool:
+        """True if the writer may store the chunk when it is sent again (e.g. it restarted)."""
+
 
 @dataclass
 class _InFlight:
@@ -48,6 +51,8 @@ class OutboxStats:
     rows_dropped: int = 0
     resends: int = 0
     send_errors: int = 0
+    chunks_failed: int = 0
+    rows_failed: int = 0
     wait_s: float = 0.0
     max_wait_s: float = 0.0
     chunks_in_flight: int = 0
@@ -137,8 +142,11 @@ class Outbox:
             flight = by_handle[handle]
             try:
                 ack = self.transport.result(handle)
-            except Exception as e:  # the writer died or failed: keep the chunk, retry later
-                self._schedule_resend(flight, e)
+            except Exception as e:
+                if self.transport.retryable(e):  # the writer died: keep the chunk, retry later
+                    self._schedule_resend(flight, e)
+                else:  # the writer refused the chunk: re-sending cannot help
+                    self._fail(flight, e)
                 continue
             del self._in_flight[flight.seq]
             self.stats.chunks_acked += 1
@@ -196,6 +204,16 @@ class Outbox:
             logger.warning(
                 "rllib_recorder: writer failed to store chunk %d (%s: %s); re-sending",
                 flight.seq, type(error).__name__, error,
+            )
+
+    def _fail(self, flight: _InFlight, error: Exception) -> None:
+        del self._in_flight[flight.seq]
+        self.stats.chunks_failed += 1
+        self.stats.rows_failed += flight.chunk.agent_steps
+        if self.stats.chunks_failed == 1:
+            logger.error(
+                "rllib_recorder: the writer refused chunk %d (%s); it is counted as failed, "
+                "recording goes on (further refusals are not logged)", flight.seq, error,
             )
 
     def _resend_due(self) -> None:

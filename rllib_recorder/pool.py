@@ -121,3 +121,8 @@ class RayTransport:
 
     def result(self, handle: Any) -> dict[str, Any]:
         return ray.get(handle)
+
+    def retryable(self, error: Exception) -> bool:
+        # A task error is the writer refusing the chunk; anything else (actor died,
+        # restarting, unreachable) may pass when the chunk is sent again.
+        return not isinstance(error, ray.exceptions.RayTaskError)

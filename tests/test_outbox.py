@@ -23,7 +23,7 @@ class FakeTransport:
 
     def __init__(self, clock, auto_ack=False):
         self.clock, self.auto_ack = clock, auto_ack
-        self.sent, self.done, self.failing = [], set(), set()
+        self.sent, self.done, self.failing, self.refusing = [], set(), set(), set()
         self.stored = {}
 
     def send(self, sender_id, seq, chunk, stats):
@@ -42,7 +42,12 @@ class FakeTransport:
             self.clock.sleep(timeout_s)
         return ready
 
+    def retryable(self, error):
+        return isinstance(error, ConnectionError)
+
     def result(self, handle):
+        if handle in self.refusing:
+            raise ValueError("writer refused the chunk")
         if handle in self.failing:
             self.failing.discard(handle)
             raise ConnectionError("writer died")
@@ -140,3 +145,15 @@ def test_drain_times_out_and_reports_what_is_left():
     outbox.add(chunk())
     assert outbox.drain(timeout_s=2) == 1
     assert clock.now >= 2
+
+
+def test_refused_chunk_is_counted_as_failed_not_resent():
+    outbox, transport, clock = make(window=4)
+    outbox.add(chunk(3))
+    transport.refusing.add((0, 0))
+    transport.complete((0, 0))
+    outbox.poll()
+    clock.now += 100
+    outbox.poll()
+    assert outbox.in_flight == 0 and len(transport.sent) == 1
+    assert outbox.stats.chunks_failed == 1 and outbox.stats.rows_failed == 3

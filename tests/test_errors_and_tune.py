@@ -1,0 +1,114 @@
+"""Failure paths at the RLlib boundary, an asynchronous algorithm, and Tune trials: real runs."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from ray import tune
+from ray.rllib.algorithms.appo import APPOConfig
+from ray.rllib.algorithms.ppo import PPOConfig
+from ray.rllib.callbacks.callbacks import RLlibCallback
+
+from rllib_recorder import ConfigError, OutputDirError, RecorderCallback, RecorderConfig, RecorderError
+from rllib_recorder.reader import open_run
+from tests.integrity import check_run
+from tests.test_recording import ppo, record
+
+
+class MangleEpisodeIds(RLlibCallback):
+    """A user callback (runs before ours) that gives finished episodes ids the recorder cannot store."""
+
+    def on_sample_end(self, *, samples, **kwargs):
+        for episode in samples:
+            if episode.is_done:
+                episode.id_ = "x" * 50
+
+
+def test_recorder_error_is_counted_and_never_kills_the_env_runner(ray_session, tmp_path):
+    config = ppo(runners=1).callbacks([MangleEpisodeIds, RecorderCallback.configured(output_dir=str(tmp_path))])
+    algo = config.build_algo()
+    results = [algo.train() for _ in range(2)]
+    algo.stop()
+    assert results[-1]["recorder"]["errors"] >= 1
+    assert results[-1]["env_runners"]["num_env_steps_sampled_lifetime"] >= 160  # the runner kept sampling
+    faults = results[-1]["fault_tolerance"]
+    assert faults["num_remote_worker_restarts"] == 0 and faults["num_healthy_workers"] == 1
+
+
+def test_fail_on_error_stops_training_with_a_recorder_error(ray_session, tmp_path):
+    recorder = RecorderCallback.configured(output_dir=str(tmp_path), fail_on_error=True, coalesce_rows=0)
+    algo = ppo(runners=1).callbacks([MangleEpisodeIds, recorder]).build_algo()
+    with pytest.raises(RecorderError, match="fail_on_error=True"):
+        for _ in range(3):
+            algo.train()
+    algo.stop()
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"num_writers": 0}, "num_writers=0: use at least one writer actor"),
+    ({"backpressure": "wait"}, "backpressure='wait': choose one of block, drop"),
+    ({"max_in_flight": "4"}, "max_in_flight='4': expected a value of type int"),
+    ({"compression_level": 12}, "compression_level=12: gzip levels are 0-9"),
+])
+def test_invalid_settings_fail_at_config_time_naming_field_and_fix(tmp_path, settings, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        RecorderCallback.configured(output_dir=str(tmp_path), **settings)
+
+
+def test_unknown_yaml_setting_names_the_valid_ones():
+    with pytest.raises(ConfigError, match="unknown recorder setting 'num_writer'; valid settings are: .*num_writers"):
+        RecorderConfig.from_dict({"num_writer": 2})
+
+
+def test_unwritable_output_dir_fails_before_training(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(OutputDirError, match="is not writable.*output_dir="):
+        RecorderCallback.configured(output_dir=str(blocker / "runs"))
+
+
+def test_second_run_never_overwrites_the_first(ray_session, tmp_path):
+    run_dir, _, _ = record(ppo(runners=1), tmp_path, iterations=1, run_name="fixed", coalesce_rows=0)
+    before = {p: os.path.getmtime(os.path.join(run_dir, p)) for p in os.listdir(run_dir)}
+    config = ppo(runners=1).callbacks(RecorderCallback.configured(output_dir=str(tmp_path / "rec"), run_name="fixed"))
+    with pytest.raises(OutputDirError, match="already holds a run; choose another run_name"):
+        config.build_algo()
+    assert {p: os.path.getmtime(os.path.join(run_dir, p)) for p in os.listdir(run_dir)} == before
+    check_run(run_dir)
+
+
+def test_asynchronous_appo_run_is_recorded_exactly(ray_session, tmp_path):
+    config = (
+        APPOConfig().environment("counting", env_config={"obs_kind": "vector"})
+        .env_runners(num_env_runners=1, rollout_fragment_length=20)  # 2 CPUs: runner + aggregator
+        .training(train_batch_size_per_learner=100)
+        .reporting(min_time_s_per_iteration=1)
+    )
+    run_dir, results, _ = record(config, tmp_path, iterations=3)
+    counts = check_run(run_dir)
+    with open_run(run_dir) as run:
+        assert run.num_env_steps == run.manifest["totals"]["env_steps_stored"] > 0
+        assert run.manifest["totals"]["unacked_at_stop"] == 0
+    assert results[-1]["recorder"]["errors"] == 0
+    assert counts["agent_steps"] == run.manifest["totals"]["env_steps_stored"]
+
+
+def test_two_tune_trials_get_separate_complete_runs(ray_session, tmp_path):
+    config = ppo(runners=0).callbacks(RecorderCallback.configured(output_dir=str(tmp_path / "rec"), coalesce_rows=0))
+    config = config.training(lr=tune.grid_search([1e-4, 1e-3]))
+    tuner = tune.Tuner(
+        config.algo_class, param_space=config,
+        run_config=tune.RunConfig(stop={"training_iteration": 2}, storage_path=str(tmp_path / "tune"), verbose=0),
+        tune_config=tune.TuneConfig(max_concurrent_trials=2),
+    )
+    results = tuner.fit()
+    assert not results.errors
+    run_dirs = sorted({r.metrics["recorder"]["run_dir"] for r in results})
+    assert len(run_dirs) == 2
+    for run_dir in run_dirs:
+        counts = check_run(run_dir)
+        with open_run(run_dir) as run:
+            assert run.manifest["trial_name"] in os.path.basename(run_dir)
+            assert [f.worker_index for f in run.files] == [0]  # the local env runner samples
+        assert counts["agent_steps"] > 0
