@@ -1,0 +1,89 @@
+"""Run summaries and integrity checks behind `rllib-recorder info` and `verify`."""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from rllib_recorder.reader import open_run
+
+
+def summarize(run_dir: str) -> dict[str, Any]:
+    """What a person wants at a glance about a run."""
+    with open_run(run_dir) as run:
+        manifest = run.manifest
+        totals = manifest.get("totals", {})
+        returns, episodes, steps = [], 0, 0
+        for f in run.files:
+            steps += int(f.batches()["env_steps"].sum()) if f.commit["batches"] else 0
+            for agent in f.agents:
+                frags = f.fragments(agent)
+                done = frags["terminated"] | frags["truncated"]
+                episodes += int(done.sum())
+                by_id: dict[bytes, float] = defaultdict(float)
+                for eps, ret in zip(frags["eps_id"].tolist(), frags["return"].tolist()):
+                    by_id[eps] += ret
+                returns += [by_id[e] for e in frags["eps_id"][done].tolist()]
+        disk = sum(os.path.getsize(f.path) for f in run.files)
+        raw = totals.get("raw_bytes") or 0
+        return {
+            "run_dir": run_dir, "status": manifest.get("status"), "algorithm": manifest.get("algorithm"),
+            "env": manifest.get("env"), "api_stack": manifest.get("api_stack"),
+            "started_at": manifest.get("started_at"), "finished_at": manifest.get("finished_at"),
+            "files": len(run.files), "nodes": manifest.get("nodes"), "env_steps": steps,
+            "episodes_finished": episodes,
+            "return_mean": float(np.mean(returns)) if returns else None,
+            "return_min": float(np.min(returns)) if returns else None,
+            "return_max": float(np.max(returns)) if returns else None,
+            "disk_bytes": disk, "compression_ratio": round(raw / disk, 2) if raw and disk else None,
+            "chunks_dropped": totals.get("chunks_dropped"), "errors": totals.get("errors"),
+            "policy_lag_hist": totals.get("policy_lag_hist"),
+        }
+
+
+def verify_run(run_dir: str) -> list[str]:
+    """Every problem found in a run (empty when it is sound)."""
+    problems: list[str] = []
+    with open_run(run_dir) as run:
+        if run.manifest.get("status") != "finished":
+            problems.append(f"manifest status is {run.manifest.get('status')!r}, not 'finished'")
+        for f in run.files:
+            problems += [f"{os.path.basename(f.path)}: {p}" for p in _verify_file(f)]
+    return problems
+
+
+def _verify_file(f: Any) -> list[str]:
+    problems = []
+    commit = f.commit
+    batches = f.batches()
+    if commit["batches"] and len(batches["seq"]) != commit["batches"]:
+        problems.append(f"batch index has {len(batches['seq'])} rows, commit says {commit['batches']}")
+    for sender in set(batches.get("sender_id", np.array([])).tolist()):
+        seqs = np.sort(batches["seq"][batches["sender_id"] == sender])
+        if len(np.unique(seqs)) != len(seqs):
+            problems.append(f"sender {sender.decode()}: duplicate sequence numbers")
+        if len(seqs) and not np.array_equal(np.unique(seqs), np.arange(len(np.unique(seqs)))):
+            problems.append(f"sender {sender.decode()}: gaps in sequence numbers {seqs.tolist()[:20]}")
+    for agent in f.agents:
+        rows, _ = commit["agents"].get(agent, (0, 0))
+        frags = f.fragments(agent)
+        if int(frags["num_rows"].sum()) != rows:
+            problems.append(f"{agent}: fragments cover {int(frags['num_rows'].sum())} rows, commit says {rows}")
+        ends = frags["first_row"] + frags["num_rows"]
+        if len(ends) and (np.sort(frags["first_row"])[1:] != np.sort(ends)[:-1]).any():
+            problems.append(f"{agent}: fragments overlap or leave holes")
+        problems += _continuity(agent, frags)
+    return problems
+
+
+def _continuity(agent: str, frags: dict[str, np.ndarray]) -> list[str]:
+    problems = []
+    order = np.lexsort((frags["t_start"], frags["eps_id"]))
+    ids, t0, n = frags["eps_id"][order], frags["t_start"][order], frags["num_rows"][order]
+    for i in range(1, len(order)):
+        if ids[i] == ids[i - 1] and t0[i] != t0[i - 1] + n[i - 1]:
+            problems.append(f"{agent}: episode {ids[i].decode()} jumps from t={t0[i - 1] + n[i - 1]} to t={t0[i]}")
+    return problems
