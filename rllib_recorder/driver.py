@@ -29,7 +29,7 @@ _WRITER_SUMS = ("env_steps", "agent_steps", "chunks", "raw_bytes", "disk_bytes",
 
 def resolve_run_dir(output_dir: str, config: RecorderConfig, algorithm: Any) -> str:
     """The run directory: ``output_dir/run_name``; under Tune one sub-directory per trial."""
-    trial = getattr(algorithm, "trial_name", "default")
+    trial = trial_name(algorithm)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     if trial and trial != "default":
         if config.run_name:
@@ -193,7 +193,7 @@ class RunRecorder:
             "env": str(config.env), "env_config": _jsonable(dict(config.env_config or {})),
             "api_stack": "new" if config_is_new_stack(algorithm) else "old",
             "batch_mode": config.batch_mode, "num_env_runners": config.num_env_runners,
-            "trial_name": getattr(algorithm, "trial_name", "default"),
+            "trial_name": trial_name(algorithm),
             "spaces": _spaces(algorithm), "recorder": self.config.to_dict(),
             "driver_host": socket.gethostname(),
         }
@@ -217,6 +217,19 @@ class RunRecorder:
 def record_sample(env_runner: Any, samples: Any) -> None:
     """Hands one ``on_sample_end`` payload to this env runner's recorder."""
     recorder_for(env_runner).record(samples, env_runner)
+
+
+def trial_name(algorithm: Any) -> str:
+    """The Tune trial's name, or "default" outside Tune."""
+    name = getattr(algorithm, "trial_name", "default")
+    if name in (None, "default"):
+        try:
+            from ray import tune
+
+            name = tune.get_context().get_trial_name() or "default"
+        except Exception:  # not inside a Tune trial
+            name = "default"
+    return str(name)
 
 
 def config_is_new_stack(algorithm: Any) -> bool:
