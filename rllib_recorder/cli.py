@@ -81,3 +81,5 @@ def _guard(fn: Any) -> Any:
     except RecorderError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
+if __name__ == "__main__":
+    main()

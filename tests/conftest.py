@@ -20,3 +20,23 @@ def ray_session():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def recorded_cartpole(ray_session, tmp_path_factory):
+    """One small real recorded PPO CartPole run (1 env runner), shared by the read-side tests."""
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+    from rllib_recorder import RecorderCallback
+
+    out = tmp_path_factory.mktemp("cartpole")
+    config = (
+        PPOConfig().environment("CartPole-v1").env_runners(num_env_runners=1)
+        .training(train_batch_size=200, minibatch_size=100, num_epochs=1)
+        .callbacks(RecorderCallback.configured(output_dir=str(out)))
+    )
+    algo = config.build_algo()
+    for _ in range(2):
+        run_dir = algo.train()["recorder"]["run_dir"]
+    algo.stop()
+    return run_dir
