@@ -38,6 +38,8 @@ def load_experiment(path: str, *, stop_iters: int | None = None, stop_timesteps:
     recorder = dict(body.get("recorder") or {})
     if output_dir is not None:
         recorder["output_dir"] = output_dir
+    # Tune runs trials in their own working dirs: anchor a relative output_dir here.
+    recorder["output_dir"] = os.path.abspath(recorder.get("output_dir", "recordings"))
     stop = dict(body.get("stop") or {})
     if stop_iters is not None:
         stop["training_iteration"] = stop_iters
@@ -76,9 +78,12 @@ def run_experiment(spec: ExperimentSpec, *, num_cpus: int | None = None,
     import ray
     from ray import tune
 
-    if not ray.is_initialized():
-        ray.init(num_cpus=num_cpus, include_dashboard=False)
     config = build_config(spec)
+    if not ray.is_initialized():
+        # A trial needs a CPU for its algorithm plus one per env runner; on a small machine
+        # ask Ray for that many logical CPUs rather than leave the trial pending forever.
+        needed = 1 + int(config.num_env_runners or 0)
+        ray.init(num_cpus=num_cpus or max(os.cpu_count() or 1, needed), include_dashboard=False)
     echo(f"training {spec.run} on {spec.env} until {spec.stop}; recording into {spec.recorder.output_dir}")
     tuner = tune.Tuner(
         spec.run, param_space=config,
