@@ -68,7 +68,8 @@ def build_config(spec: ExperimentSpec) -> Any:
     config = config.update_from_dict(settings)
     callback = RecorderCallback.configured(spec.recorder)
     callbacks = config.callbacks_class
-    existing = callbacks if isinstance(callbacks, list) else [] if callbacks.__name__ in ("RLlibCallback", "DefaultCallbacks") else [callbacks]
+    existing = [c for c in (callbacks if isinstance(callbacks, list) else [callbacks])
+                if c.__name__ not in ("RLlibCallback", "DefaultCallbacks")]
     return config.callbacks(existing + [callback] if existing else callback)
 
 

@@ -54,7 +54,7 @@ class RecordingWriter:
         """Stores one chunk unless already committed; returns the acknowledgement."""
         key = (worker_index, is_evaluation)
         if sender_stats is not None:
-            self._sender_stats[f"{'eval-' if is_evaluation else ''}{worker_index}"] = sender_stats
+            self.report(worker_index, is_evaluation, sender_stats)
         h5 = self._file(key)
         if (sender_id, seq) in self._committed[key]:
             self._totals["duplicate_chunks"] += 1
