@@ -28,15 +28,18 @@ _WRITER_SUMS = ("env_steps", "agent_steps", "chunks", "raw_bytes", "disk_bytes",
 
 
 def resolve_run_dir(output_dir: str, config: RecorderConfig, algorithm: Any) -> str:
-    """The run directory: ``output_dir/run_name``; under Tune one sub-directory per trial."""
-    trial = trial_name(algorithm)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    if trial and trial != "default":
-        if config.run_name:
-            return os.path.join(output_dir, config.run_name, trial)
-        return os.path.join(output_dir, f"{trial}_{stamp}")
+    """The run directory.
+
+    Outside Tune: ``output_dir/run_name`` (or ``ALGO_ENV_time_id``). Under Tune, named like Tune's own
+    folders: ``output_dir/<experiment>/<trial dir>`` (``run_name`` replaces the experiment name), so the trials
+    of a grid search sit side by side under one experiment directory.
+    """
+    experiment, trial = tune_names(algorithm)
+    if trial:
+        return os.path.join(output_dir, config.run_name or experiment or "experiment", trial)
     if config.run_name:
         return os.path.join(output_dir, config.run_name)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
     env = str(algorithm.config.env).split(".")[-1].replace("/", "_")[:40] if algorithm.config.env else "env"
     return os.path.join(output_dir, f"{type(algorithm).__name__}_{env}_{stamp}_{uuid.uuid4().hex[:6]}")
 
@@ -193,7 +196,8 @@ class RunRecorder:
             "env": str(config.env), "env_config": _jsonable(dict(config.env_config or {})),
             "api_stack": "new" if config_is_new_stack(algorithm) else "old",
             "batch_mode": config.batch_mode, "num_env_runners": config.num_env_runners,
-            "trial_name": trial_name(algorithm),
+            "trial": tune_names(algorithm)[1],
+            "experiment": tune_names(algorithm)[0],
             "spaces": _spaces(algorithm), "recorder": self.config.to_dict(),
             "driver_host": socket.gethostname(),
         }
@@ -219,17 +223,17 @@ def record_sample(env_runner: Any, samples: Any) -> None:
     recorder_for(env_runner).record(samples, env_runner)
 
 
-def trial_name(algorithm: Any) -> str:
-    """The Tune trial's name, or "default" outside Tune."""
-    name = getattr(algorithm, "trial_name", "default")
-    if name in (None, "default"):
-        try:
-            from ray import tune
+def tune_names(algorithm: Any) -> tuple[str | None, str | None]:
+    """(experiment dir name, trial dir name) of the Tune trial running ``algorithm``; (None, None) outside Tune.
 
-            name = tune.get_context().get_trial_name() or "default"
-        except Exception:  # not inside a Tune trial
-            name = "default"
-    return str(name)
+    Tune hands a trainable its storage context before ``setup()``; the trial name itself is not yet
+    known to an Algorithm at ``on_algorithm_init`` (it reports "default"), the trial dir name is.
+    """
+    storage = getattr(algorithm, "_storage", None)
+    trial = getattr(storage, "trial_dir_name", None)
+    if not trial:
+        return None, None
+    return getattr(storage, "experiment_dir_name", None), str(trial)
 
 
 def config_is_new_stack(algorithm: Any) -> bool:

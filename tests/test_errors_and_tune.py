@@ -106,6 +106,10 @@ def test_two_tune_trials_get_separate_complete_runs(ray_session, tmp_path):
     assert not results.errors
     run_dirs = sorted({r.metrics["recorder"]["run_dir"] for r in results})
     assert len(run_dirs) == 2
+    # named like Tune's own folders: <output_dir>/<experiment>/<trial dir>
+    trial_dirs = sorted(os.path.basename(r.path) for r in results)
+    assert [os.path.basename(d) for d in run_dirs] == trial_dirs
+    assert {os.path.dirname(d) for d in run_dirs} == {str(tmp_path / "rec" / os.path.basename(results.experiment_path))}
     for run_dir in run_dirs:
         counts = check_run(run_dir)
         with open_run(run_dir) as run:
