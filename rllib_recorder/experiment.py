@@ -23,6 +23,33 @@ class ExperimentSpec:
     config: dict[str, Any]
     recorder: RecorderConfig
     register: list[str] = field(default_factory=list)
+    atari_wrappers: dict[str, Any] | None = None
+
+
+class AgentToPolicy:
+    """A picklable ``policy_mapping_fn`` from a YAML dict ``{agent_id: policy_id}``."""
+
+    def __init__(self, mapping: dict[Any, str]):
+        self.mapping = {str(k): str(v) for k, v in mapping.items()}
+
+    def __call__(self, agent_id: Any, episode: Any = None, **kwargs: Any) -> str:
+        try:
+            return self.mapping[str(agent_id)]
+        except KeyError:
+            raise ConfigError(f"multiagent.policy_mapping_fn has no policy for agent {agent_id!r}; "
+                              f"add '{agent_id}: <policy id>' to the YAML") from None
+
+
+def make_atari_env(env_id: str, dim: int, framestack: int | None, env_config: dict[str, Any]) -> Any:
+    """An ALE env wrapped with RLlib's Atari wrappers (grayscale, dim x dim, frameskip, frame stack)."""
+    import gymnasium as gym
+    from ray.rllib.env.wrappers.atari_wrappers import wrap_atari_for_new_api_stack
+
+    _register_envs("ale_py")
+    settings = {"frameskip": 1, "repeat_action_probability": 0.0, **dict(env_config)}
+    skip = int(settings.pop("wrapper_frameskip", 4))
+    return wrap_atari_for_new_api_stack(gym.make(env_id, **settings), dim=dim, frameskip=skip,
+                                        framestack=framestack)
 
 
 def load_experiment(path: str, *, stop_iters: int | None = None, stop_timesteps: int | None = None,
@@ -48,7 +75,7 @@ def load_experiment(path: str, *, stop_iters: int | None = None, stop_timesteps:
     return ExperimentSpec(
         name=str(name), run=str(body["run"]), env=body.get("env"), stop=stop,
         config=dict(body.get("config") or {}), recorder=RecorderConfig.from_dict(recorder),
-        register=list(body.get("register") or []),
+        register=list(body.get("register") or []), atari_wrappers=body.get("atari_wrappers"),
     )
 
 
@@ -63,8 +90,15 @@ def build_config(spec: ExperimentSpec) -> Any:
     config = get_trainable_cls(spec.run).get_default_config()
     settings = dict(spec.config)
     env_config = settings.pop("env_config", None)
-    if spec.env:
-        config = config.environment(spec.env, env_config=env_config or {})
+    if spec.atari_wrappers is not None:
+        config = config.environment(_register_atari(spec), env_config=env_config or {})
+    elif spec.env:
+        config = config.environment(_resolve_env(spec.env), env_config=env_config or {})
+    multiagent = settings.get("multiagent")
+    if isinstance(multiagent, dict) and isinstance(multiagent.get("policy_mapping_fn"), dict):
+        settings["multiagent"] = {**multiagent, "policy_mapping_fn": AgentToPolicy(multiagent["policy_mapping_fn"])}
+        settings["multiagent"]["policies"] = set(multiagent.get("policies") or
+                                                 multiagent["policy_mapping_fn"].values())
     config = config.update_from_dict(settings)
     callback = RecorderCallback.configured(spec.recorder)
     callbacks = config.callbacks_class
@@ -97,6 +131,38 @@ def run_experiment(spec: ExperimentSpec, *, num_cpus: int | None = None,
     if results.errors:
         raise ConfigError(f"experiment {spec.name!r} failed: {results.errors[0]}")
     return sorted({r.metrics["recorder"]["run_dir"] for r in results if r.metrics and "recorder" in r.metrics})
+
+
+def _resolve_env(env: str) -> Any:
+    """``module:Class`` names an env class; anything else (``CartPole-v1``, ``ale_py:ALE/Breakout-v5``)
+    is a gymnasium id that RLlib looks up itself."""
+    import importlib
+
+    module, _, attr = env.partition(":")
+    if attr.isidentifier():
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(f"env {env!r} cannot be imported ({e}); give a gymnasium id or 'module:Class'") from None
+    return env
+
+
+def _register_atari(spec: ExperimentSpec) -> str:
+    """Registers the wrapped ALE env with Tune (visible to every env runner) and returns its name."""
+    import functools
+
+    from ray.tune.registry import register_env
+
+    options = dict(spec.atari_wrappers or {})
+    unknown = set(options) - {"dim", "framestack"}
+    if unknown or not spec.env:
+        raise ConfigError(f"atari_wrappers takes 'dim' and 'framestack' and needs an 'env:' "
+                          f"(got {sorted(unknown)}); e.g. atari_wrappers: {{dim: 84, framestack: 4}}")
+    dim, framestack = int(options.get("dim", 84)), options.get("framestack", 4)
+    name = f"{spec.env}-atari{dim}x{framestack or 1}"
+    creator = functools.partial(make_atari_env, spec.env, dim, framestack)
+    register_env(name, lambda env_config: creator(dict(env_config)))
+    return name
 
 
 def _register_envs(module: str) -> None:
