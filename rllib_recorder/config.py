@@ -32,9 +32,14 @@ class RecorderConfig:
             are pending, so that small batches do not cost one actor call each.
             ``0`` sends every sample at once.
         coalesce_s: Held rows are sent at the latest after this many seconds.
+        coalesce_bytes: ... or once the held arrays reach this many bytes (images).
         compression: HDF5 filter for step columns: ``gzip``, ``lzf`` or ``none``.
         compression_level: gzip level, 0-9.
-        hdf5_chunk_bytes: Target size of one HDF5 chunk of a column.
+        hdf5_chunk_bytes: Target size of one HDF5 chunk of a column (at most 4096 rows).
+        encode_uint8: Store float32 image columns that hold exact uint8 values scaled
+            (RLlib's Atari frames: ``u8 / 128 - 1``; or ``u8 / 255``) as uint8 plus the
+            scale, checked on every chunk; a chunk that is not exact turns the column
+            back into float32. ``False`` stores floats as they are.
         record_infos: Store env infos (JSON); ``False`` drops them.
         record_extra_model_outputs: Store action log-probs, distribution inputs,
             value predictions and other extra model outputs.
@@ -53,11 +58,13 @@ class RecorderConfig:
     num_writers: int = 1
     max_in_flight: int = 4
     backpressure: str = "block"
-    coalesce_rows: int = 256
-    coalesce_s: float = 1.0
+    coalesce_rows: int = 4096
+    coalesce_s: float = 2.0
+    coalesce_bytes: int = 8 << 20
     compression: str = "gzip"
     compression_level: int = 1
-    hdf5_chunk_bytes: int = 1 << 20
+    hdf5_chunk_bytes: int = 64 << 10
+    encode_uint8: bool = True
     record_infos: bool = True
     record_extra_model_outputs: bool = True
     record_evaluation: bool = True
@@ -71,6 +78,7 @@ class RecorderConfig:
         _check_int(self, "num_writers", 1, "use at least one writer actor")
         _check_int(self, "max_in_flight", 1, "the window must allow one chunk in flight")
         _check_int(self, "coalesce_rows", 0, "use 0 to send every sample at once")
+        _check_int(self, "coalesce_bytes", 0, "use 0 to ignore the size of held samples")
         _check_int(self, "compression_level", 0, "gzip levels are 0-9", high=9)
         _check_int(self, "hdf5_chunk_bytes", 1024, "use at least 1024 bytes per HDF5 chunk")
         _check_int(self, "writer_max_restarts", -1, "use -1 for unlimited restarts")

@@ -77,7 +77,7 @@ class Outbox:
 
     def __init__(
         self, transport: Transport, *, window: int = 4, policy: str = "block",
-        coalesce_rows: int = 0, coalesce_s: float = 0.0, max_wait_s: float = 120.0,
+        coalesce_rows: int = 0, coalesce_s: float = 0.0, coalesce_bytes: int = 0, max_wait_s: float = 120.0,
         clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
         sender_id: bytes | None = None,
     ) -> None:
@@ -86,6 +86,7 @@ class Outbox:
         self.policy = policy
         self.coalesce_rows = coalesce_rows
         self.coalesce_s = coalesce_s
+        self.coalesce_bytes = coalesce_bytes
         self.max_wait_s = max_wait_s
         self.clock = clock
         self.sleep = sleep
@@ -97,7 +98,7 @@ class Outbox:
         self._in_flight: OrderedDict[int, _InFlight] = OrderedDict()
 
     def add(self, chunk: Chunk) -> None:
-        """Queues one sample's chunk; sends once enough rows (or time) have piled up."""
+        """Queues one sample's chunk; sends once enough rows (or bytes, or time) have piled up."""
         self.stats.samples += 1
         if not self._pending:
             self._pending_since = self.clock()
@@ -105,7 +106,9 @@ class Outbox:
         self.poll()
         pending_rows = sum(c.agent_steps for c in self._pending)
         self.stats.rows_pending = pending_rows
-        if pending_rows >= self.coalesce_rows or self.clock() - self._pending_since >= self.coalesce_s:
+        if (pending_rows >= self.coalesce_rows
+                or (self.coalesce_bytes and sum(c.nbytes for c in self._pending) >= self.coalesce_bytes)
+                or self.clock() - self._pending_since >= self.coalesce_s):
             self.flush()
 
     def flush(self) -> None:

@@ -35,7 +35,7 @@ def assign_writer(worker_index: int, is_evaluation: bool, num_writers: int) -> i
 def storage_options(config: RecorderConfig) -> schema.StorageOptions:
     return schema.StorageOptions(
         compression=config.compression, compression_level=config.compression_level,
-        hdf5_chunk_bytes=config.hdf5_chunk_bytes, fsync=config.fsync,
+        hdf5_chunk_bytes=config.hdf5_chunk_bytes, fsync=config.fsync, encode_uint8=config.encode_uint8,
     )
 
 

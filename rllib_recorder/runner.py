@@ -75,7 +75,7 @@ class RunnerRecorder:
         self.transport = RayTransport(binding, self.worker_index, self.is_evaluation)
         self.outbox = Outbox(
             self.transport, window=config.max_in_flight, policy=config.backpressure,
-            coalesce_rows=config.coalesce_rows, coalesce_s=config.coalesce_s,
+            coalesce_rows=config.coalesce_rows, coalesce_s=config.coalesce_s, coalesce_bytes=config.coalesce_bytes,
             max_wait_s=config.drain_timeout_s,
         )
         for chunk in self._unbound:

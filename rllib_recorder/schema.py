@@ -76,8 +76,21 @@ class StorageOptions:
 
     compression: str = "gzip"
     compression_level: int = 1
-    hdf5_chunk_bytes: int = 1 << 18
+    hdf5_chunk_bytes: int = 64 << 10
     fsync: bool = False
+    encode_uint8: bool = True
+
+
+# A float32 image column holding exact uint8 values scaled is stored as uint8 with these
+# attributes; the value is ``stored * scale + offset`` (as float32). RLlib's Atari wrappers
+# give u8 / 128 - 1; plain normalisation gives u8 / 255.
+ENCODING_ATTRS = {
+    "encoding": "'affine_uint8': the column stores uint8 codes of float32 values",
+    "scale": "float32 value = code * scale + offset",
+    "offset": "see scale",
+}
+_ENCODINGS = ((np.float32(1 / 128), np.float32(-1.0)), (np.float32(1 / 255), np.float32(0.0)))
+MAX_CHUNK_ROWS = 4096
 
 
 def file_name(worker_index: int, is_evaluation: bool = False) -> str:
@@ -146,6 +159,7 @@ def repair_to_committed(h5: h5py.File) -> dict[str, int]:
     Returns how many rows were dropped per group path.
     """
     commit = read_commit(h5)
+    _finish_float_rewrites(h5)
     dropped = _truncate_group(h5["batches"], commit["batches"], "batches")
     for key, group in h5["agents"].items():
         rows, frags = commit["agents"].get(key, (0, 0))
@@ -213,12 +227,69 @@ def _append_stream(
             target[path].attrs["container"] = kind
 
 
+def encode_uint8(values: np.ndarray, scale: np.float32, offset: np.float32) -> np.ndarray | None:
+    """The uint8 codes of float32 ``values`` if every value is exactly ``code * scale + offset``, else None."""
+    codes = np.subtract(values, offset, dtype=np.float32)
+    codes /= scale
+    np.rint(codes, out=codes)
+    if codes.size and (codes.min() < 0 or codes.max() > 255):
+        return None
+    encoded = codes.astype(np.uint8)
+    np.multiply(encoded, scale, out=codes)
+    codes += offset
+    return encoded if np.array_equal(codes, values) else None
+
+
+def decode_uint8(dataset: h5py.Dataset, values: np.ndarray) -> np.ndarray:
+    """Float32 values of an ``affine_uint8`` column's codes (anything else is returned as is)."""
+    if dataset.attrs.get("encoding") != "affine_uint8":
+        return values
+    out = values.astype(np.float32)
+    out *= np.float32(dataset.attrs["scale"])
+    out += np.float32(dataset.attrs["offset"])
+    return out
+
+
+def _image_encoding(values: np.ndarray, options: StorageOptions) -> tuple[np.float32, np.float32] | None:
+    """The (scale, offset) that stores this new float32 image column exactly as uint8, if any."""
+    if not options.encode_uint8 or values.dtype != np.float32 or values.ndim < 3 or not len(values):
+        return None
+    for scale, offset in _ENCODINGS:
+        if encode_uint8(values[:1], scale, offset) is not None:
+            return scale, offset
+    return None
+
+
+def _encoded_rows(group: h5py.Group, path: str, values: np.ndarray, start: int,
+                  options: StorageOptions) -> np.ndarray:
+    """The rows to append to an encoded column; turns the column back into float32 if they are not exact."""
+    dataset = group[path]
+    if dataset.attrs.get("encoding") != "affine_uint8":
+        return values
+    encoded = encode_uint8(values, np.float32(dataset.attrs["scale"]), np.float32(dataset.attrs["offset"]))
+    if encoded is not None:
+        return encoded
+    # Not exact: rewrite the column as float32 (stored rows decoded exactly), then append as is.
+    decoded = decode_uint8(dataset, dataset[:start])
+    _create_column(group, path + FLOAT_SUFFIX, values, 0, options, encoding=None)
+    replacement = group[path + FLOAT_SUFFIX]
+    replacement.resize(start, axis=0)
+    replacement[:] = decoded
+    del group[path]
+    group.move(path + FLOAT_SUFFIX, path)
+    return values
+
+
+FLOAT_SUFFIX = ".__float32"
+
+
 def _append_columns(
     group: h5py.Group, columns: Mapping[str, np.ndarray], start: int, options: StorageOptions
 ) -> None:
     for path, values in columns.items():
         if path not in group:
-            _create_column(group, path, values, start, options)
+            _create_column(group, path, values, start, options, encoding=_image_encoding(values, options))
+        values = _encoded_rows(group, path, values, start, options)
         dataset = group[path]
         if dataset.shape[0] != start:
             raise SchemaError(
@@ -235,25 +306,41 @@ def _append_columns(
 
 
 def _create_column(
-    group: h5py.Group, path: str, values: np.ndarray, start: int, options: StorageOptions
+    group: h5py.Group, path: str, values: np.ndarray, start: int, options: StorageOptions,
+    encoding: tuple[np.float32, np.float32] | None = None,
 ) -> None:
     if start:
         raise SchemaError(
             f"column {group.name}/{path} appears after {start} rows were stored without it; "
             "every chunk of one agent must carry the same columns"
         )
-    dtype = h5py.string_dtype() if values.dtype == object else values.dtype
-    row_bytes = max(1, int(np.prod(values.shape[1:], dtype=np.int64)) * (8 if values.dtype == object else values.dtype.itemsize))
-    chunk_rows = int(min(max(1, options.hdf5_chunk_bytes // row_bytes), 1 << 16))
+    dtype = h5py.string_dtype() if values.dtype == object else np.dtype(np.uint8) if encoding else values.dtype
+    row_bytes = max(1, int(np.prod(values.shape[1:], dtype=np.int64)) * (8 if values.dtype == object else dtype.itemsize))
+    chunk_rows = int(min(max(1, options.hdf5_chunk_bytes // row_bytes), MAX_CHUNK_ROWS))
     filters: dict[str, Any] = {}
     if options.compression == "gzip":
-        filters = {"compression": "gzip", "compression_opts": options.compression_level, "shuffle": values.dtype.itemsize > 1 and values.dtype != object}
+        filters = {"compression": "gzip", "compression_opts": options.compression_level,
+                   "shuffle": dtype.itemsize > 1 and values.dtype != object}
     elif options.compression == "lzf":
         filters = {"compression": "lzf"}
-    group.create_dataset(
+    dataset = group.create_dataset(
         path, shape=(0,) + values.shape[1:], maxshape=(None,) + values.shape[1:],
         dtype=dtype, chunks=(chunk_rows,) + values.shape[1:], **filters,
     )
+    if encoding:
+        dataset.attrs.update({"encoding": "affine_uint8", "scale": encoding[0], "offset": encoding[1]})
+
+
+def _finish_float_rewrites(h5: h5py.File) -> None:
+    """Completes or undoes a float32 rewrite of an encoded column that a crash interrupted."""
+    leftovers: list[str] = []
+    h5.visititems(lambda path, item: leftovers.append(path) if path.endswith(FLOAT_SUFFIX) else None)
+    for path in leftovers:
+        original = path[: -len(FLOAT_SUFFIX)]
+        if original in h5:  # the rewrite had not replaced the column yet: drop the copy
+            del h5[path]
+        else:  # the column was deleted, the copy not yet renamed: finish
+            h5.move(path, original)
 
 
 def _truncate_group(group: h5py.Group, rows: int, name: str) -> dict[str, int]:

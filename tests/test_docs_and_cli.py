@@ -20,7 +20,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_format_doc_names_every_field():
     doc = open(os.path.join(ROOT, "docs", "FORMAT.md")).read()
-    for names in (schema.FILE_ATTRS, schema.BATCH_COLUMNS, schema.STEP_COLUMNS, schema.FRAGMENT_COLUMNS):
+    for names in (schema.FILE_ATTRS, schema.BATCH_COLUMNS, schema.STEP_COLUMNS, schema.FRAGMENT_COLUMNS,
+                  schema.ENCODING_ATTRS):
         for name in names:
             assert f"`{name}`" in doc, name
 

@@ -133,3 +133,76 @@ def test_nested_dict_tuple_observations_read_back_as_nested(tmp_path):
     np.testing.assert_array_equal(stored.obs["inv"][0], [0, 1, 2, 3])
     np.testing.assert_array_equal(stored.obs["inv"][1], np.repeat(np.arange(4, dtype=np.uint8), 3).reshape(4, 3))
     np.testing.assert_array_equal(stored.next_obs["pos"], [[1, 1], [2, 2], [3, 3]])
+
+
+def _image_episode(codes, eps_id, t_started=0, scale=128.0, offset=-1.0):
+    """A fragment whose (n+1) image observations are ``codes / scale + offset`` (float32), like RLlib's Atari frames."""
+    from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+
+    obs = [np.float32(c) / np.float32(scale) + np.float32(offset) for c in codes]
+    n = len(obs) - 1
+    episode = SingleAgentEpisode(
+        id_=eps_id, observations=obs, actions=[0] * n, rewards=[0.0] * n, infos=[{}] * (n + 1),
+        extra_model_outputs={"weights_seq_no": [0] * n}, len_lookback_buffer=0, t_started=t_started,
+    )
+    episode.to_numpy()
+    return episode, np.stack(obs)
+
+
+def test_exact_float_frames_are_stored_as_uint8_and_read_back_bit_for_bit(tmp_path):
+    from rllib_recorder.reader import open_run
+
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 256, size=(6, 8, 8, 4)).astype(np.uint8)
+    episode, frames = _image_episode(codes, "img")
+    writer = _writer(tmp_path)
+    writer.append(1, False, b"s" * 32, 0, episodes_to_chunk([episode]))
+    writer.close()
+    with h5py.File(tmp_path / "worker-001.h5", "r") as h5:
+        obs = h5["agents/default_agent/steps/obs"]
+        assert obs.dtype == np.uint8 and obs.attrs["encoding"] == "affine_uint8"
+        np.testing.assert_array_equal(obs[()], codes[:-1])
+        # the FORMAT.md recipe: value = code * scale + offset, as float32
+        decoded = obs[()].astype(np.float32) * np.float32(obs.attrs["scale"]) + np.float32(obs.attrs["offset"])
+        assert np.array_equal(decoded, frames[:-1])
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": "rllib_recorder", "schema_version": schema.SCHEMA_VERSION}))
+    with open_run(str(tmp_path)) as run:
+        stored = run.episode("img")
+        assert stored.obs.dtype == np.float32 and np.array_equal(stored.obs, frames)  # incl. last_obs
+
+
+def test_a_frame_that_is_not_exact_turns_the_column_back_into_float32_losslessly(tmp_path):
+    rng = np.random.default_rng(1)
+    first, frames1 = _image_episode(rng.integers(0, 256, size=(4, 8, 8, 1)), "a")
+    second, frames2 = _image_episode(rng.integers(0, 256, size=(3, 8, 8, 1)), "b")
+    second_obs = second.get_observations()
+    second_obs[1, 0, 0, 0] += np.float32(1e-3)  # no longer code / 128 - 1
+    frames2[1, 0, 0, 0] += np.float32(1e-3)
+    writer = _writer(tmp_path)
+    writer.append(1, False, b"s" * 32, 0, episodes_to_chunk([first]))
+    writer.append(1, False, b"s" * 32, 1, episodes_to_chunk([second]))
+    writer.close()
+    with h5py.File(tmp_path / "worker-001.h5", "r") as h5:
+        obs = h5["agents/default_agent/steps/obs"]
+        assert obs.dtype == np.float32 and "encoding" not in obs.attrs
+        assert np.array_equal(obs[()], np.concatenate([frames1[:-1], frames2[:-1]]))
+        assert not [k for k in h5["agents/default_agent/steps"] if k.endswith(schema.FLOAT_SUFFIX)]
+
+
+def test_reopen_finishes_a_float_rewrite_cut_short_by_a_crash(tmp_path):
+    rng = np.random.default_rng(2)
+    episode, frames = _image_episode(rng.integers(0, 256, size=(4, 8, 8, 1)), "a")
+    writer = _writer(tmp_path)
+    writer.append(1, False, b"s" * 32, 0, episodes_to_chunk([episode]))
+    writer.close()
+    path = tmp_path / "worker-001.h5"
+    with h5py.File(path, "a") as h5:  # crash between deleting the uint8 column and renaming its float copy
+        steps = h5["agents/default_agent/steps"]
+        steps.create_dataset("obs" + schema.FLOAT_SUFFIX, data=frames[:-1], maxshape=(None, 8, 8, 1))
+        del steps["obs"]
+    again = _writer(tmp_path)
+    again.append(1, False, b"s" * 32, 1, episodes_to_chunk([_image_episode(np.zeros((2, 8, 8, 1)), "b")[0]]))
+    again.close()
+    with h5py.File(path, "r") as h5:
+        obs = h5["agents/default_agent/steps/obs"][()]
+        assert obs.dtype == np.float32 and np.array_equal(obs[:3], frames[:-1]) and len(obs) == 4

@@ -1,0 +1,245 @@
+"""Env-runner sampling throughput with and without recording (learner excluded).
+
+Variants, built side by side and timed interleaved in the same run:
+  none      plain PPO config
+  recorder  + RecorderCallback with default settings
+  rllib     + RLlib's built-in recorder, config.offline_data(output=...) (parquet through Ray Data, written inside
+            sample(); episodes in complete_episodes mode, step rows otherwise; output_max_rows_per_file 100 episodes
+            or 5000 rows, because RLlib's default rewrites its whole buffer on every call)
+
+A timed block runs ``sample()`` in a loop inside every env runner at once for --seconds and counts env steps;
+throughput = steps / wall time of the block. Ratios are variant / none of the same repetition.
+
+    python scripts/bench_overhead.py                       # everything below, writes docs/BENCHMARKS.md + PNG
+    python scripts/bench_overhead.py --env cartpole --runners 1 --modes truncate_episodes --reps 2 --seconds 3 --no-write
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import benchdoc  # noqa: E402
+
+VARIANTS = ("none", "recorder", "rllib")
+FRAGMENT = {"cartpole": 500, "breakout": 200}
+ENV_IDS = {"cartpole": "CartPole-v1", "breakout": "ale_py:ALE/Breakout-v5"}
+
+
+def build(env: str, runners: int, mode: str, variant: str, out: str) -> Any:
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+    from rllib_recorder import RecorderCallback
+
+    config = (
+        PPOConfig().environment(env_name(env))
+        .env_runners(num_env_runners=runners, batch_mode=mode, rollout_fragment_length=FRAGMENT[env])
+        .training(train_batch_size=FRAGMENT[env] * runners, minibatch_size=FRAGMENT[env], num_epochs=1)
+    )
+    if variant == "recorder":
+        config = config.callbacks(RecorderCallback.configured(output_dir=out))
+    elif variant == "rllib":
+        # RLlib records whole episodes only in complete_episodes mode; otherwise one row per step.
+        episodes = mode == "complete_episodes"
+        config = config.offline_data(output=out, output_write_episodes=episodes, output_write_remaining_data=True,
+                                     output_max_rows_per_file=100 if episodes else 5000)
+    return config.build_algo()
+
+
+def env_name(env: str) -> str:
+    if env == "cartpole":
+        return ENV_IDS[env]
+    import functools
+
+    from ray.tune.registry import register_env
+
+    from rllib_recorder.experiment import make_atari_env
+
+    creator = functools.partial(make_atari_env, ENV_IDS[env], 84, 4)
+    register_env("bench-breakout", lambda cfg: creator(dict(cfg)))
+    return "bench-breakout"
+
+
+def timed_sampling(runner: Any, seconds: float) -> dict[str, float]:
+    """Runs inside one env runner: sample() in a loop for ``seconds``."""
+    steps = calls = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        steps += sum(len(e) for e in runner.sample())
+        calls += 1
+    return {"steps": steps, "calls": calls, "elapsed": time.perf_counter() - start, "rss": _rss()}
+
+
+def recorder_state(runner: Any) -> dict[str, float]:
+    """Runs inside one env runner: the recorder's counters (wait time, samples, pending rows)."""
+    from rllib_recorder.runner import recorder_for
+
+    stats = recorder_for(runner).stats()
+    return {k: stats.get(k, 0) for k in ("wait_s", "samples", "rows_pending", "chunks_in_flight")} | {"rss": _rss()}
+
+
+def drain(runner: Any) -> float:
+    """Runs inside one env runner: send what is held and wait for every ack; returns the time it took."""
+    from rllib_recorder.runner import drain_env_runner
+
+    start = time.perf_counter()
+    drain_env_runner(runner, 120.0)
+    return time.perf_counter() - start
+
+
+def _rss() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024  # MiB
+
+
+def dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work: str) -> dict[str, Any]:
+    algos = {}
+    for variant in VARIANTS:
+        algos[variant] = build(env, runners, mode, variant, os.path.join(work, f"{env}-{runners}-{mode}-{variant}"))
+    steps_total = defaultdict(int)
+    for variant, algo in algos.items():  # warm up: env creation, first forward passes
+        parts = algo.env_runner_group.foreach_env_runner(lambda r: timed_sampling(r, 1.0), local_env_runner=False)
+        steps_total[variant] += sum(p["steps"] for p in parts)
+    throughput: dict[str, list[float]] = defaultdict(list)
+    ratio: dict[str, list[float]] = defaultdict(list)
+    waits, drains, rss = [], [], []
+    for rep in range(reps):
+        order = VARIANTS[rep % len(VARIANTS):] + VARIANTS[:rep % len(VARIANTS)]
+        rep_tp = {}
+        for variant in order:
+            group = algos[variant].env_runner_group
+            before = group.foreach_env_runner(recorder_state, local_env_runner=False) if variant == "recorder" else None
+            parts = group.foreach_env_runner(lambda r: timed_sampling(r, seconds), local_env_runner=False)
+            steps = sum(p["steps"] for p in parts)
+            steps_total[variant] += steps
+            rep_tp[variant] = steps / max(p["elapsed"] for p in parts)
+            if variant == "recorder":
+                after = group.foreach_env_runner(recorder_state, local_env_runner=False)
+                samples = sum(a["samples"] - b["samples"] for a, b in zip(after, before))
+                waits.append(1000 * sum(a["wait_s"] - b["wait_s"] for a, b in zip(after, before)) / max(1, samples))
+                drains.append(max(group.foreach_env_runner(drain, local_env_runner=False)))
+                rss.append(max(a["rss"] for a in after))
+        for variant in VARIANTS:
+            throughput[variant].append(rep_tp[variant])
+            ratio[variant].append(rep_tp[variant] / rep_tp["none"])
+        print(f"  rep {rep}: " + ", ".join(f"{v} {rep_tp[v]:.0f} steps/s ({rep_tp[v] / rep_tp['none']:.3f})"
+                                          for v in VARIANTS), flush=True)
+    disk = {}
+    for algo in algos.values():
+        algo.stop()
+    out = os.path.join(work, f"{env}-{runners}-{mode}-recorder")
+    run_dir = next(d for d, _, files in os.walk(out) if "manifest.json" in files)
+    from rllib_recorder.reader import open_run
+
+    with open_run(run_dir) as run:
+        stored = run.num_env_steps
+        totals = run.manifest.get("totals", {})
+    disk["recorder"] = dir_bytes(run_dir) / max(1, stored)
+    disk["rllib"] = dir_bytes(os.path.join(work, f"{env}-{runners}-{mode}-rllib")) / max(1, steps_total["rllib"])
+    raw_per_step = totals.get("raw_bytes", 0) / max(1, stored)
+    return {
+        "env": env, "runners": runners, "mode": mode, "throughput": throughput, "ratio": ratio,
+        "wait_ms": waits, "drain_s": drains, "rss_mib": rss, "disk_per_step": disk, "raw_per_step": raw_per_step,
+        "stored": stored, "sampled": steps_total["recorder"],
+    }
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| env | runners | batch mode | none steps/s | recorder ratio | rllib ratio | recorder wait ms/sample "
+        "| drain s | bytes/step recorder | bytes/step rllib | raw bytes/step | compression | runner RSS MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        disk = r["disk_per_step"]
+        lines.append(
+            f"| {r['env']} | {r['runners']} | {r['mode']} | {benchdoc.cell(r['throughput']['none'], '{:.0f}')} "
+            f"| {benchdoc.cell(r['ratio']['recorder'])} | {benchdoc.cell(r['ratio']['rllib'])} "
+            f"| {benchdoc.cell(r['wait_ms'], '{:.2f}')} | {max(r['drain_s']):.2f} "
+            f"| {disk['recorder']:.0f} | {disk['rllib']:.0f} | {r['raw_per_step']:.0f} "
+            f"| {r['raw_per_step'] / max(1e-9, disk['recorder']):.1f}x | {max(r['rss_mib']):.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def chart(rows: list[dict[str, Any]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    labels = [f"{r['env']}\n{r['runners']}r {r['mode'].split('_')[0]}" for r in rows]
+    x = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows)), 4))
+    for i, variant in enumerate(("recorder", "rllib")):
+        ax.bar(x + (i - 0.5) * 0.35, [np.median(r["ratio"][variant]) for r in rows], 0.35, label=variant)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.axhline(0.98, color="g", lw=0.8, ls="--", label="0.98 target")
+    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_ylabel("sampling throughput / no recording (median)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", nargs="+", default=["cartpole", "breakout"], choices=["cartpole", "breakout"])
+    parser.add_argument("--runners", nargs="+", type=int, default=None,
+                        help="env runner counts (default: cartpole 1 2 4, breakout 1 2)")
+    parser.add_argument("--modes", nargs="+", default=["truncate_episodes", "complete_episodes"])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=None, help="timed block (default: cartpole 6, breakout 12)")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/BENCHMARKS.md alone")
+    args = parser.parse_args()
+
+    import ray
+
+    ray.init(num_cpus=3 * max(args.runners or [4]) + 1, include_dashboard=False, log_to_driver=False)
+    work = tempfile.mkdtemp(prefix="bench_overhead_")
+    rows = []
+    try:
+        for env in args.env:
+            for runners in args.runners or ([1, 2, 4] if env == "cartpole" else [1, 2]):
+                for mode in args.modes:
+                    seconds = args.seconds or (6.0 if env == "cartpole" else 12.0)
+                    print(f"{env}, {runners} runners, {mode}, {args.reps} x {seconds:.0f} s per variant", flush=True)
+                    rows.append(bench_row(env, runners, mode, args.reps, seconds, work))
+    finally:
+        ray.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
+    print(table(rows))
+    for r in rows:  # lossless: every sampled step was stored
+        if r["stored"] != r["sampled"]:
+            print(f"LOST DATA: {r['env']} {r['runners']} {r['mode']}: sampled {r['sampled']}, stored {r['stored']}")
+    if not args.no_write:
+        png = os.path.join(benchdoc.ROOT, "docs", "bench_overhead.png")
+        chart(rows, png)
+        benchdoc.write_section("Sampling overhead (scripts/bench_overhead.py)", table(rows) + f"""
+
+Ratios: env-runner sampling throughput (env steps/s, learner excluded) over no recording, same repetition.
+`wait ms/sample`: time the sampler waited for the recorder's window per `on_sample_end`. `drain s`: after a timed
+block, the time until every held and in-flight chunk was acknowledged (the writers' backlog). `raw bytes/step`:
+the recorded arrays before compression. Chart: `docs/bench_overhead.png`.
+
+![sampling overhead](bench_overhead.png)
+""")
+
+
+if __name__ == "__main__":
+    main()
