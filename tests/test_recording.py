@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -149,3 +150,27 @@ def test_recorded_runs_read_back_exactly(ray_session, tmp_path, obs_kind, old_st
         assert agents == ({"pa", "pb"} if old_stack and multi_agent else {"a", "b"} if multi_agent else {"default_agent"})
         assert run.manifest["api_stack"] == ("old" if old_stack else "new")
     assert counts["agent_steps"] > 0
+
+
+@pytest.mark.parametrize("record_evaluation", [True, False])
+def test_evaluation_runners_get_their_own_marked_files(ray_session, tmp_path, record_evaluation):
+    config = ppo(runners=1).evaluation(
+        evaluation_interval=1, evaluation_num_env_runners=1, evaluation_duration=3,
+        evaluation_duration_unit="episodes",
+    )
+    run_dir, results, _ = record(config, tmp_path, iterations=1, record_evaluation=record_evaluation)
+    counts = check_run(run_dir)
+    eval_streams = [key for key in counts["streams"] if key[1]]
+    with open_run(run_dir) as run:
+        files = sorted(os.path.basename(f.path) for f in run.files)
+        if not record_evaluation:
+            assert files == ["worker-001.h5"] and not eval_streams
+            return
+        assert files == ["eval-worker-001.h5", "worker-001.h5"]
+        evaluation = run.worker(1, is_evaluation=True)
+        assert evaluation.is_evaluation and not run.worker(1).is_evaluation
+        finished = [e for e in evaluation.episode_ids() if evaluation.episode(e, "default_agent").is_done]
+        assert len(finished) >= 3  # evaluation_duration=3 episodes, each stored whole
+        training_only = sum(len(f.episode(e, a)) for f in run.files if not f.is_evaluation
+                            for a in f.agents for e in f.episode_ids(a))
+    assert training_only == results[-1]["env_runners"]["num_env_steps_sampled_lifetime"]
