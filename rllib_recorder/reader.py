@@ -104,7 +104,7 @@ class WorkerFile:
         group = self.h5[f"agents/{agent}/fragments"]
         n = self.commit["agents"].get(agent, (0, 0))[1]
         return {k: v[:n] for k, v in group.items() if isinstance(v, h5py.Dataset) and v.ndim == 1
-                and not k.startswith("last_") and k != "infos"}
+                and not k.startswith("last_") and k not in ("infos", "start_state")}
 
     def column(self, agent: str, path: str, rows: slice = slice(None)) -> Any:
         """One step column of ``agent`` (nested spaces come back as dicts/tuples)."""
