@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from typing import Any, Callable
 
 import h5py
@@ -23,8 +24,8 @@ def export_rllib(run: Run, out_dir: str, progress: Callable[[int], None] | None 
 
     Train from it with ``config.offline_data(input_=out_dir)`` (e.g. ``BCConfig``, new API stack).
     """
-    pa, pq = require_extra("pyarrow"), require_extra("pyarrow.parquet")
-    from ray.air.util.tensor_extensions.arrow import ArrowTensorArray
+    pq = require_extra("pyarrow.parquet")
+    from ray.data.block import BlockAccessor  # numpy tensors -> Arrow tensor columns, as Ray Data reads them
 
     _check_single_agent(run, "rllib")
     os.makedirs(out_dir, exist_ok=True)
@@ -35,9 +36,8 @@ def export_rllib(run: Run, out_dir: str, progress: Callable[[int], None] | None 
         if not pending:
             return
         columns = {k: np.concatenate([p[k] for p in pending]) for k in RLLIB_COLUMNS}
-        arrays = {k: ArrowTensorArray.from_numpy(v) if v.ndim > 1 else pa.array(v) for k, v in columns.items()}
         path = os.path.join(out_dir, f"part-{len(files):05d}.parquet")
-        pq.write_table(pa.table(arrays), path)
+        pq.write_table(BlockAccessor.batch_to_block(columns), path)
         files.append(path)
         pending.clear()
 
@@ -82,11 +82,14 @@ def export_minari(run: Run, out_dir: str, dataset_id: str | None = None, spaces:
     previous = os.environ.get("MINARI_DATASETS_PATH")
     os.environ["MINARI_DATASETS_PATH"] = os.path.abspath(out_dir)
     try:
-        minari.create_dataset_from_buffers(
-            dataset_id, buffers, observation_space=observation_space, action_space=action_space,
-            algorithm_name=str(run.manifest.get("algorithm")), author="rllib_recorder",
-            description=f"exported by rllib_recorder from {os.path.abspath(run.path)} (env {run.manifest.get('env')})",
-        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # minari's advice on optional metadata (author email, ...)
+            minari.create_dataset_from_buffers(
+                dataset_id, buffers, observation_space=observation_space, action_space=action_space,
+                algorithm_name=str(run.manifest.get("algorithm")), author="rllib_recorder",
+                description=f"exported by rllib_recorder from {os.path.abspath(run.path)} "
+                            f"(env {run.manifest.get('env')})",
+            )
     except ValueError as e:
         raise ExportError(f"minari refused the dataset ({e}); pass another --dataset-id or a new -o") from None
     finally:

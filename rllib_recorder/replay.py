@@ -134,9 +134,12 @@ def check_episode(episode: Episode, make_env: Callable[[], Any], env_name: str) 
 
 
 def check_spaces(run: Run, make_env: Callable[[], Any], env_name: str) -> None:
-    """ReplayError unless the env's spaces fit what the run stored."""
+    """ReplayError unless the env can be restored and its spaces fit what the run stored."""
     env = make_env()
     try:
+        reason = envstate.unsupported_reason(env)
+        if reason is not None:
+            raise ReplayError(f"env {env_name} can't be re-simulated ({reason})")
         for f in run.files:
             for agent in f.agents:
                 if agent != "default_agent":
@@ -209,8 +212,8 @@ def _compare_obs(expected: Any, got: Any) -> tuple[str, str] | None:
         return None
     diff = np.abs(expected.astype(np.float64) - got.astype(np.float64))
     where = np.unravel_index(int(np.argmax(diff)), diff.shape)
-    return (f"{expected[where]!r} at index {tuple(int(i) for i in where)}",
-            f"{got[where]!r} ({int((diff > 0).sum())} of {diff.size} values differ)")
+    return (f"{expected[where].item()!r} at index {tuple(int(i) for i in where)}",
+            f"{got[where].item()!r} ({int((diff > 0).sum())} of {diff.size} values differ)")
 
 
 def _rows(value: Any) -> int:
