@@ -137,6 +137,7 @@ def check_spaces(run: Run, make_env: Callable[[], Any], env_name: str) -> None:
     """ReplayError unless the env can be restored and its spaces fit what the run stored."""
     env = make_env()
     try:
+        env.reset(seed=0)  # classic-control envs have their state only after a reset
         reason = envstate.unsupported_reason(env)
         if reason is not None:
             raise ReplayError(f"env {env_name} can't be re-simulated ({reason})")
@@ -199,6 +200,7 @@ def _gym_make(name: str, env_config: dict[str, Any]) -> Any:
 def _why_no_state(make_env: Callable[[], Any]) -> str:
     env = make_env()
     try:
+        env.reset(seed=0)
         return envstate.unsupported_reason(env) or "it was recorded without start states (old recorder or capture failed)"
     finally:
         env.close()
