@@ -115,3 +115,11 @@ class OpaqueCartPole(gym.Env):
 
     def step(self, action):
         return self._inner.step(action)
+
+
+class StateRaisesEnv(CountingEnv):
+    """CountingEnv whose ``state`` raises: capturing the start state fails inside the env runner."""
+
+    @property
+    def state(self):
+        raise RuntimeError("state is unavailable")

@@ -147,3 +147,19 @@ def test_ray_dataset_reads_row_ranges_in_parallel_tasks(recorded_cartpole, plain
         np.testing.assert_array_equal(row["obs"], plain["steps"]["obs"][i])
         assert row["rewards"] == plain["steps"]["rewards"][i] and row["actions"] == plain["steps"]["actions"][i]
         assert row["worker_index"] == 1 and row["agent_id"] == "default_agent"
+
+
+def test_failing_start_state_capture_is_counted_and_never_stops_sampling(ray_session, tmp_path):
+    from ray.tune.registry import register_env
+
+    from tests.envs import StateRaisesEnv
+    from tests.integrity import check_run
+    from tests.test_recording import ppo, record
+
+    register_env("state_raises", lambda cfg: StateRaisesEnv(cfg))
+    run_dir, results, _ = record(ppo(env="state_raises", runners=1), tmp_path, iterations=2)
+    assert results[-1]["recorder"]["errors"] >= 1
+    counts = check_run(run_dir)  # every step stored all the same
+    assert counts["agent_steps"] == results[-1]["env_runners"]["num_env_steps_sampled_lifetime"]
+    with h5py.File(os.path.join(run_dir, "worker-001.h5"), "r") as f:
+        assert set(f["agents/default_agent/fragments/start_state_kind"][:].tolist()) == {b""}
