@@ -101,7 +101,8 @@ def env_factory(run: Run, env: str | None = None) -> tuple[str, Callable[[], Any
         try:
             fn = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as e:
-            raise ReplayError(f"env {name!r} cannot be imported ({e}); give a gymnasium id or 'module:function'") from None
+            raise ReplayError(f"env {name!r} cannot be imported ({e}); "
+                              "give a gymnasium id or 'module:function'") from None
         return name, lambda: fn(env_config)
     return name, lambda: _gym_make(name, env_config)
 
@@ -201,7 +202,8 @@ def _why_no_state(make_env: Callable[[], Any]) -> str:
     env = make_env()
     try:
         env.reset(seed=0)
-        return envstate.unsupported_reason(env) or "it was recorded without start states (old recorder or capture failed)"
+        reason = envstate.unsupported_reason(env)
+        return reason or "it was recorded without start states (an older recorder, or the capture failed)"
     finally:
         env.close()
 

@@ -67,7 +67,7 @@ FRAGMENT_COLUMNS = {
     "last_obs": "observation after the fragment's last step (nested: a group)",
     "infos": "JSON list: the info of every observation of the fragment",
     "batch": "row in /batches of the chunk that carried the fragment",
-    "start_state": "bytes: the env's state at the episode's start (first fragment only; empty: none), see 'Start states'",
+    "start_state": "bytes: the env's state at the episode's start (first fragment only; empty: none)",
     "start_state_kind": "how start_state was captured: 'classic_control/1', 'ale/1', or '' (none)",
 }
 

@@ -36,7 +36,8 @@ def expected_episode(plain, eps_id: bytes):
     frags = plain["frags"]
     mine = np.flatnonzero(frags["eps_id"] == eps_id)
     mine = mine[np.argsort(frags["t_start"][mine])]
-    rows = np.concatenate([np.arange(frags["first_row"][i], frags["first_row"][i] + frags["num_rows"][i]) for i in mine])
+    rows = np.concatenate([np.arange(frags["first_row"][i], frags["first_row"][i] + frags["num_rows"][i])
+                           for i in mine])
     obs = np.concatenate([plain["steps"]["obs"][rows], frags["last_obs"][mine[-1]][None]])
     return rows, obs, mine
 

@@ -227,3 +227,14 @@ def test_replay_check_refuses_an_env_whose_spaces_do_not_match(recorded_cartpole
                                     "it observes float32[84, 84, 4], the run stored float32[4]")
     result = invoke("replay", recorded_breakout, "--check", "--env", "no-such-env-v0")
     assert result.exit_code == 2 and "error: env 'no-such-env-v0' cannot be made" in result.output
+
+
+def test_replay_check_refuses_old_api_stack_runs(recorded_cartpole, tmp_path):
+    copy = tmp_path / "old"
+    shutil.copytree(recorded_cartpole, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    (copy / "manifest.json").write_text(json.dumps({**manifest, "api_stack": "old"}))
+    result = invoke("replay", copy, "--check")
+    assert result.exit_code == 2
+    assert result.output.strip() == ("error: this run can't be re-simulated: it was recorded on RLlib's old API "
+                                     "stack, which records no start states")
