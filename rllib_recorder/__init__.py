@@ -7,7 +7,9 @@ from rllib_recorder.errors import (  # noqa: E402
     ConfigError,
     ConversionError,
     OutputDirError,
+    ExportError,
     RecorderError,
+    ReplayError,
     SchemaError,
     WriterError,
 )
@@ -20,6 +22,8 @@ __all__ = [
     "ConversionError",
     "OutputDirError",
     "SchemaError",
+    "ReplayError",
+    "ExportError",
     "WriterError",
     "open_run",
     "__version__",

@@ -9,7 +9,7 @@ from ray.rllib.callbacks.callbacks import RLlibCallback
 
 from rllib_recorder.config import RecorderConfig
 from rllib_recorder.driver import RunRecorder, record_sample
-from rllib_recorder.runner import recorder_for
+from rllib_recorder.runner import keep_start_state, recorder_for
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +31,9 @@ class RecorderCallback(RLlibCallback):
       env runner to its writer, and hooks ``Algorithm.cleanup`` so that
       ``algo.stop()`` (and the end of a Tune trial) drains every runner, closes
       every file and marks the manifest finished. Bad settings raise here.
+    * ``on_episode_start`` (each env runner, new API stack, single agent): captures the
+      sub-env's start state (``envstate.capture``) into ``episode.custom_data``; it is
+      stored with the episode's first fragment so ``replay --check`` can re-simulate.
     * ``on_sample_end`` (each env runner): converts the sampled episodes or batch
       to columns and hands them to the runner's outbox, which sends them
       asynchronously; it waits only when ``max_in_flight`` chunks are
@@ -64,6 +67,16 @@ class RecorderCallback(RLlibCallback):
 
     def on_algorithm_init(self, *, algorithm: Any, **kwargs: Any) -> None:
         self._run = RunRecorder(algorithm, self.recorder_config)
+
+    def on_episode_start(self, *, episode: Any, env_runner: Any = None, env: Any = None, env_index: int = 0,
+                         **kwargs: Any) -> None:
+        # New stack, single agent: keep the sub-env's state for `replay --check` (stored with the first fragment).
+        if env is None or hasattr(episode, "agent_episodes") or not hasattr(episode, "custom_data"):
+            return
+        try:
+            keep_start_state(episode, env, env_index)
+        except Exception as e:
+            self._count(env_runner, "start_state", e)
 
     def on_sample_end(self, *, samples: Any, env_runner: Any = None, worker: Any = None, **kwargs: Any) -> None:
         runner = env_runner if env_runner is not None else worker

@@ -1,8 +1,9 @@
-"""The rllib-recorder command line: train a YAML experiment, show a run, verify it."""
+"""The rllib-recorder command line: train a YAML experiment, show, verify, replay, export and plot a run."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -75,11 +76,146 @@ def verify(run_dir: str) -> None:
     click.echo(f"ok: {run_dir} is sound")
 
 
+@main.command()
+@click.argument("run_dir", type=click.Path())
+@click.option("--episodes", is_flag=True, help="Stream whole episodes (stitched) instead of stored batches.")
+@click.option("--to", "target", default=None, metavar="MODULE:FUNCTION",
+              help="Call this function with each Batch/Episode instead of printing JSON lines.")
+@click.option("--env", default=None, help="Env for --check: a gymnasium id, '<id>-atari<dim>x<stack>' or "
+              "'module:function' (default: the env in manifest.json).")
+@click.option("--check", is_flag=True, help="Re-simulate each episode from its start state with its stored actions "
+              "and compare observations and rewards step by step. Exit 0 only if all match.")
+def replay(run_dir: str, episodes: bool, target: str | None, env: str | None, check: bool) -> None:
+    """Stream a RUN_DIR's batches (or --episodes) in recorded order, or re-simulate it (--check).
+
+    \b
+    Examples:
+      rllib-recorder replay recordings/PPO_CartPole-v1_20261130-120000_ab12cd | head
+      rllib-recorder replay recordings/<run> --episodes --to mypkg.sink:consume
+      rllib-recorder replay recordings/<run> --check
+      rllib-recorder replay recordings/<run> --check --env ale_py:ALE/Breakout-v5-atari84x4
+    """
+    from rllib_recorder import replay as rp
+    from rllib_recorder.reader import open_run
+
+    run = _guard(lambda: open_run(run_dir))
+    with run:
+        if check:
+            with _progress() as bar:
+                task = bar.add_task("re-simulating", total=_guard(lambda: run.counts()["agent_steps"]))
+                report = _guard(lambda: rp.check_run(run, env, progress=lambda n: bar.advance(task, n)))
+            for mismatch in report.mismatches or []:
+                click.echo(f"mismatch: {mismatch}")
+            if not report.ok:
+                click.echo(f"FAILED: {len(report.mismatches)} of {report.episodes} episodes differ "
+                           f"(env {report.env})")
+                sys.exit(1)
+            click.echo(f"ok: {report.episodes} episodes, {report.steps} steps re-simulated in {report.env}; all match")
+            return
+        sink = _guard(lambda: rp.load_callable(target)) if target else None
+        records = _guard(lambda: rp.iter_episodes_and_batches(run, episodes))
+        for item in _Guarded(records):
+            if sink is not None:
+                sink(item)
+            else:
+                record = rp.episode_record(item) if episodes else rp.batch_record(item)
+                click.echo(json.dumps(record, default=str))
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path())
+@click.option("--to", "target", type=click.Choice(["rllib", "minari"]), required=True, help="Output format.")
+@click.option("-o", "--output", required=True, type=click.Path(), help="Output directory.")
+@click.option("--dataset-id", default=None, help="Minari dataset id (default: rllib-recorder/<run name>-v0).")
+def export(run_dir: str, target: str, output: str, dataset_id: str | None) -> None:
+    """Export a RUN_DIR for offline RL: RLlib's columnar parquet input, or a Minari dataset.
+
+    \b
+    Examples:
+      rllib-recorder export recordings/<run> --to rllib -o bc-data
+        then: BCConfig().offline_data(input_="bc-data") ...
+      rllib-recorder export recordings/<run> --to minari -o minari-data
+        then: MINARI_DATASETS_PATH=minari-data python -c "import minari; minari.load_dataset('<id>')"
+    """
+    from rllib_recorder import export as ex
+    from rllib_recorder.reader import open_run
+
+    run = _guard(lambda: open_run(run_dir))
+    with run, _progress() as bar:
+        task = bar.add_task(f"exporting to {target}", total=_guard(lambda: run.counts()["agent_steps"]))
+        advance = lambda n: bar.advance(task, n)  # noqa: E731
+        if target == "rllib":
+            files = _guard(lambda: ex.export_rllib(run, output, progress=advance))
+            click.echo(f"wrote {len(files)} parquet file(s) to {output}; "
+                       f"train with config.offline_data(input_={os.path.abspath(output)!r})")
+        else:
+            spaces = _guard(lambda: _recorded_spaces(run))
+            dataset = _guard(lambda: ex.export_minari(run, output, dataset_id, spaces, progress=advance))
+            click.echo(f"wrote minari dataset {dataset} to {output}; load with "
+                       f"MINARI_DATASETS_PATH={os.path.abspath(output)} minari.load_dataset({dataset!r})")
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path())
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="PNG file to write.")
+def plot(run_dir: str, output: str) -> None:
+    """Plot a RUN_DIR: episode return against env steps per worker, and the policy-lag histogram.
+
+    Example: rllib-recorder plot recordings/<run> -o run.png
+    """
+    from rllib_recorder.plot import plot_run
+    from rllib_recorder.reader import open_run
+
+    with _guard(lambda: open_run(run_dir)) as run:
+        summary = _guard(lambda: plot_run(run, output))
+    episodes = ", ".join(f"{k}: {v}" for k, v in summary["episodes"].items())
+    click.echo(f"wrote {output} (finished episodes {episodes}; policy lags {summary['lags']})")
+
+
+def _recorded_spaces(run: Any) -> tuple[Any, Any] | None:
+    """The recorded env's spaces when the env can be made here, else None (export infers them)."""
+    from rllib_recorder.replay import env_factory
+
+    try:
+        env = env_factory(run)[1]()
+    except Exception:  # any env that can't be made here: the spaces come from the data
+        return None
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
+
+
+class _Guarded:
+    """Iterates lazily read items, each read inside ``_guard`` (a damaged file gives a one-line error)."""
+
+    def __init__(self, items: Any) -> None:
+        self.items = iter(items)
+
+    def __iter__(self) -> "_Guarded":
+        return self
+
+    def __next__(self) -> Any:
+        return _guard(lambda: next(self.items))
+
+
+def _progress() -> Any:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=Console(stderr=True), transient=True)
+
+
 def _guard(fn: Any) -> Any:
     try:
         return fn()
     except RecorderError as e:
         click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    except (OSError, KeyError, ValueError) as e:  # h5py's errors on a damaged or truncated file
+        click.echo(f"error: cannot read the run ({type(e).__name__}: {e}); "
+                   "check it with 'rllib-recorder verify' or repair it with 'rllib-recorder recover'", err=True)
         sys.exit(2)
 if __name__ == "__main__":
     main()

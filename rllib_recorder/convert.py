@@ -12,6 +12,8 @@ from rllib_recorder.errors import ConversionError
 
 DEFAULT_AGENT = "default_agent"
 EPS_ID_DTYPE = np.dtype("S36")
+# Where on_episode_start leaves (kind, bytes) of the env's start state in ``episode.custom_data``.
+START_STATE_KEY = "rllib_recorder.start_state"
 # SampleBatch columns with a fixed place in the schema; every other per-row column
 # of an old-stack batch is kept under extra_model_outputs/.
 _OLD_STACK_KNOWN = {
@@ -264,6 +266,7 @@ def _single_episode_stream(episode: Any, eps_id: str, module_id: Any, options: C
     for path, column in obs_cols.items():
         last = column[n:n + 1] if has_last else np.zeros((1,) + column.shape[1:], column.dtype)
         fragments["last_" + path] = last
+    fragments.update(_start_state_columns(episode))
     if options.record_infos:
         infos = episode.get_infos()
         fragments["infos"] = np.array([infos_to_json(infos)], dtype=object)
@@ -271,6 +274,15 @@ def _single_episode_stream(episode: Any, eps_id: str, module_id: Any, options: C
         if path.startswith("obs"):
             containers["last_" + path] = kind
     return Stream(steps=steps, fragments=fragments, containers=containers)
+
+
+def _start_state_columns(episode: Any) -> dict[str, np.ndarray]:
+    """The start state kept by on_episode_start, stored with the episode's first fragment only."""
+    captured = getattr(episode, "custom_data", {}).get(START_STATE_KEY) if episode.t_started == 0 else None
+    kind, blob = captured if captured else ("", b"")
+    state = np.empty(1, dtype=object)
+    state[0] = np.frombuffer(blob, dtype=np.uint8)
+    return {"start_state": state, "start_state_kind": np.array([kind], dtype=object)}
 
 
 def _fragment_columns(

@@ -23,3 +23,11 @@ class ConversionError(RecorderError):
 
 class WriterError(RecorderError):
     """A writer actor failed to store a chunk."""
+
+
+class ReplayError(RecorderError):
+    """A recorded episode cannot be re-simulated (no start state, or an env that does not fit)."""
+
+
+class ExportError(RecorderError):
+    """A run cannot be exported to the asked format."""

@@ -37,6 +37,8 @@ class Episode:
     extra_model_outputs: dict[str, Any] = field(default_factory=dict)
     infos: list[Any] | None = None
     module_id: str = ""
+    start_state_kind: str = ""
+    start_state: bytes = field(default=b"", repr=False)
 
     def __len__(self) -> int:
         return len(self.rewards)
@@ -53,10 +55,37 @@ class Episode:
     def is_done(self) -> bool:
         return bool(len(self) and (self.terminateds[-1] or self.truncateds[-1]))
 
+    def to_single_agent_episode(self) -> Any:
+        """This episode as RLlib's ``SingleAgentEpisode`` (numpy)."""
+        from rllib_recorder.formats import to_single_agent_episode
+
+        return to_single_agent_episode(self)
+
+    def to_sample_batch(self) -> Any:
+        """This episode as RLlib's ``SampleBatch`` (obs, new_obs, actions, rewards, ...)."""
+        from rllib_recorder.formats import to_sample_batch
+
+        return to_sample_batch(self)
+
     def __repr__(self) -> str:
         shapes = _map(lambda a: f"{a.dtype}{list(a.shape)}", self.obs)
         return (f"Episode(eps_id={self.eps_id!r}, agent_id={self.agent_id!r}, worker={self.worker_index}, "
                 f"len={len(self)}, return={self.episode_return:.3g}, obs={shapes})")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One stored chunk, as the writer stored it: its index row and, per agent, its step columns."""
+
+    worker_index: int
+    is_evaluation: bool
+    row: int
+    info: dict[str, Any]
+    steps: dict[str, dict[str, Any]]
+
+    def __repr__(self) -> str:
+        rows = {agent: len(cols["rewards"]) for agent, cols in self.steps.items()}
+        return f"Batch(worker={self.worker_index}, row={self.row}, seq={self.info.get('seq')}, rows={rows})"
 
 
 class WorkerFile:
@@ -104,7 +133,36 @@ class WorkerFile:
         group = self.h5[f"agents/{agent}/fragments"]
         n = self.commit["agents"].get(agent, (0, 0))[1]
         return {k: v[:n] for k, v in group.items() if isinstance(v, h5py.Dataset) and v.ndim == 1
-                and not k.startswith("last_") and k != "infos"}
+                and not k.startswith("last_") and k not in ("infos", "start_state")}
+
+    def num_rows(self, agent: str) -> int:
+        """Committed step rows of ``agent``."""
+        return int(self.commit["agents"].get(agent, (0, 0))[0])
+
+    def column_paths(self, agent: str) -> list[str]:
+        """Paths of ``agent``'s step columns (``obs``, ``obs/pos``, ``actions``, ``extra_model_outputs/vf_preds``)."""
+        paths: list[str] = []
+        self.h5[f"agents/{agent}/steps"].visititems(
+            lambda path, node: paths.append(path) if isinstance(node, h5py.Dataset) else None)
+        return paths
+
+    def batches_in_order(self) -> Iterator[Batch]:
+        """The stored chunks in the order they were stored, each with its step rows (read lazily, chunk by chunk)."""
+        index = self.batches()
+        spans = {}
+        for agent in self.agents:
+            frags = self.fragments(agent)
+            spans[agent] = (frags["batch"], frags["first_row"], frags["first_row"] + frags["num_rows"])
+        for row in range(len(index.get("seq", ()))):
+            steps = {}
+            for agent, (batch, first, end) in spans.items():
+                mine = batch == row
+                if mine.any():
+                    rows = slice(int(first[mine].min()), int(end[mine].max()))
+                    group = self.h5[f"agents/{agent}/steps"]
+                    steps[agent] = {k: _read(group[k], rows) for k in group}
+            info = {k: (v[row].decode() if isinstance(v[row], bytes) else v[row].item()) for k, v in index.items()}
+            yield Batch(self.worker_index, self.is_evaluation, row, info, steps)
 
     def column(self, agent: str, path: str, rows: slice = slice(None)) -> Any:
         """One step column of ``agent`` (nested spaces come back as dicts/tuples)."""
@@ -140,8 +198,13 @@ class WorkerFile:
             for i in where:
                 fragment_infos = json.loads(frag_group["infos"][i])
                 infos.extend(fragment_infos if not infos else fragment_infos[1:])
+        kind, state = "", b""
+        if "start_state_kind" in frag_group and frags["t_start"][where[0]] == 0:
+            kind = frag_group["start_state_kind"][where[0]].decode()
+            state = frag_group["start_state"][where[0]].tobytes() if kind else b""
         return Episode(
             eps_id=eps_id, agent_id=agent, worker_index=self.worker_index, obs=obs,
+            start_state_kind=kind, start_state=state,
             actions=read("actions"), rewards=read("rewards"), terminateds=read("terminateds"),
             truncateds=read("truncateds"), t=read("t"), weights_seq_no=read("weights_seq_no"),
             extra_model_outputs=extras, infos=infos,
@@ -180,6 +243,48 @@ class Run:
             if f.worker_index == worker_index and f.is_evaluation == is_evaluation:
                 return f
         raise KeyError(f"run {self.path} has no {'evaluation ' if is_evaluation else ''}worker {worker_index}")
+
+    @property
+    def workers(self) -> list[tuple[int, bool]]:
+        """(worker_index, is_evaluation) of every file."""
+        return [(f.worker_index, f.is_evaluation) for f in self.files]
+
+    def counts(self) -> dict[str, int]:
+        """Files, batches, env steps, agent steps, fragments and distinct episodes (index reads only)."""
+        out = {"files": len(self.files), "batches": 0, "env_steps": 0, "agent_steps": 0, "fragments": 0, "episodes": 0}
+        for f in self.files:
+            commit = f.commit
+            out["batches"] += commit["batches"]
+            out["env_steps"] += self._env_steps(f)
+            for agent, (rows, frags) in commit["agents"].items():
+                out["agent_steps"] += rows
+                out["fragments"] += frags
+                out["episodes"] += len(np.unique(f.fragments(agent)["eps_id"]))
+        return out
+
+    def batches(self, *, evaluation: bool | None = False) -> Iterator[Batch]:
+        """Every stored chunk, file by file, in the order each file stored them."""
+        for f in self._files(evaluation):
+            yield from f.batches_in_order()
+
+    def to_dataframe(self, *, evaluation: bool | None = False) -> Any:
+        """A pandas DataFrame of the scalar step columns, one row per step (needs the 'export' extra)."""
+        from rllib_recorder.formats import to_dataframe
+
+        return to_dataframe(self._files(evaluation))
+
+    def to_ray_dataset(self, *, rows_per_task: int = 50_000, evaluation: bool | None = False) -> Any:
+        """A ``ray.data.Dataset`` of steps: one read task per worker file and row range, read in parallel."""
+        from rllib_recorder.formats import to_ray_dataset
+
+        return to_ray_dataset(self, rows_per_task=rows_per_task, evaluation=evaluation)
+
+    def _files(self, evaluation: bool | None) -> list[WorkerFile]:
+        return [f for f in self.files if evaluation is None or f.is_evaluation == evaluation]
+
+    @staticmethod
+    def _env_steps(f: WorkerFile) -> int:
+        return int(f.batches()["env_steps"].sum()) if f.commit["batches"] else 0
 
     @property
     def num_env_steps(self) -> int:

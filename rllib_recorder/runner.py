@@ -8,7 +8,7 @@ import weakref
 from collections import Counter
 from typing import Any
 
-from rllib_recorder.convert import Chunk, ConvertOptions, batch_to_chunk, episodes_to_chunk
+from rllib_recorder.convert import START_STATE_KEY, Chunk, ConvertOptions, batch_to_chunk, episodes_to_chunk
 from rllib_recorder.outbox import Outbox
 from rllib_recorder.pool import Binding, RayTransport
 
@@ -45,6 +45,16 @@ def drain_env_runner(env_runner: Any, timeout_s: float) -> dict[str, Any]:
     if recorder is None:
         return {"worker_index": getattr(env_runner, "worker_index", 0), "unacked": 0, "samples": 0}
     return recorder.drain(timeout_s)
+
+
+def keep_start_state(episode: Any, vector_env: Any, env_index: int) -> None:
+    """Keeps the start state of ``episode``'s sub-env on the episode (nothing when it can't be captured)."""
+    from rllib_recorder.envstate import capture, sub_env
+
+    env = sub_env(vector_env, env_index)
+    captured = capture(env) if env is not None else None
+    if captured is not None:
+        episode.custom_data[START_STATE_KEY] = captured
 
 
 class RunnerRecorder:
@@ -89,6 +99,8 @@ class RunnerRecorder:
         now = time.time()
         if isinstance(samples, list):
             chunk = episodes_to_chunk(samples, self.options, sampled_at_s=now)
+            for episode in samples:  # stored now: do not ship start states on to the learner
+                getattr(episode, "custom_data", {}).pop(START_STATE_KEY, None)
         else:
             version = getattr(env_runner, "weights_seq_no", None)
             chunk = batch_to_chunk(samples, self.options, -1 if version is None else int(version), now)

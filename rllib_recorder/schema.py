@@ -15,7 +15,7 @@ from rllib_recorder.convert import Chunk, Stream
 from rllib_recorder.errors import SchemaError
 
 FORMAT_NAME = "rllib_recorder"
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 SENDER_ID_DTYPE = np.dtype("S32")
 
 # Every name below is documented in docs/FORMAT.md (a test checks it).
@@ -67,6 +67,8 @@ FRAGMENT_COLUMNS = {
     "last_obs": "observation after the fragment's last step (nested: a group)",
     "infos": "JSON list: the info of every observation of the fragment",
     "batch": "row in /batches of the chunk that carried the fragment",
+    "start_state": "bytes: the env's state at the episode's start (first fragment only; empty: none)",
+    "start_state_kind": "how start_state was captured: 'classic_control/1', 'ale/1', or '' (none)",
 }
 
 
@@ -312,7 +314,11 @@ def _append_columns(
                 f"got {values.shape[1:]}; record spaces of one fixed shape per run"
             )
         dataset.resize(start + len(values), axis=0)
-        dataset[start:] = values
+        if h5py.check_vlen_dtype(dataset.dtype) == np.uint8:
+            for i, value in enumerate(values):  # h5py turns equal-length byte arrays into a 2-D array
+                dataset[start + i] = value
+        else:
+            dataset[start:] = values
 
 
 def _create_column(
@@ -324,13 +330,15 @@ def _create_column(
             f"column {group.name}/{path} appears after {start} rows were stored without it; "
             "every chunk of one agent must carry the same columns"
         )
-    dtype = h5py.string_dtype() if values.dtype == object else np.dtype(np.uint8) if encoding else values.dtype
+    dtype = np.dtype(np.uint8) if encoding else values.dtype
+    if values.dtype == object:  # variable-length: bytes arrays (start states) or strings
+        dtype = h5py.vlen_dtype(np.uint8) if len(values) and isinstance(values[0], np.ndarray) else h5py.string_dtype()
     row_bytes = max(1, int(np.prod(values.shape[1:], dtype=np.int64)) * (8 if values.dtype == object else dtype.itemsize))
     chunk_rows = int(min(max(1, options.hdf5_chunk_bytes // row_bytes), MAX_CHUNK_ROWS))
     filters: dict[str, Any] = {}
     if options.compression == "gzip":
         filters = {"compression": "gzip", "compression_opts": options.compression_level,
-                   "shuffle": dtype.itemsize > 1 and values.dtype != object}
+                   "shuffle": values.dtype != object and dtype.itemsize > 1}
     elif options.compression == "lzf":
         filters = {"compression": "lzf"}
     dataset = group.create_dataset(

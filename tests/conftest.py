@@ -40,3 +40,17 @@ def recorded_cartpole(ray_session, tmp_path_factory):
         run_dir = algo.train()["recorder"]["run_dir"]
     algo.stop()
     return run_dir
+
+
+@pytest.fixture(scope="session")
+def recorded_breakout(ray_session, tmp_path_factory):
+    """One tiny real recorded PPO Breakout run from configs/breakout-ppo.yaml (RLlib's Atari wrappers, 1 iteration)."""
+    from rllib_recorder.experiment import build_config, load_experiment
+
+    spec = load_experiment(os.path.join(ROOT, "configs", "breakout-ppo.yaml"),
+                           output_dir=str(tmp_path_factory.mktemp("breakout")))
+    spec.config.update(train_batch_size=200, minibatch_size=100)
+    algo = build_config(spec).build_algo()
+    run_dir = algo.train()["recorder"]["run_dir"]
+    algo.stop()
+    return run_dir

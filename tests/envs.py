@@ -101,3 +101,25 @@ class TwoAgentCountingEnv(MultiAgentEnv):
         if "b" in acting:
             terminateds["b"] = done_b
         return obs, rewards, terminateds, {"__all__": False}, {}
+
+
+class OpaqueCartPole(gym.Env):
+    """CartPole behind a plain Env that exposes no state: replay --check must say it can't restore it."""
+
+    def __init__(self, config: dict | None = None):
+        self._inner = gym.make("CartPole-v1")
+        self.observation_space, self.action_space = self._inner.observation_space, self._inner.action_space
+
+    def reset(self, *, seed=None, options=None):
+        return self._inner.reset(seed=seed, options=options)
+
+    def step(self, action):
+        return self._inner.step(action)
+
+
+class StateRaisesEnv(CountingEnv):
+    """CountingEnv whose ``state`` raises: capturing the start state fails inside the env runner."""
+
+    @property
+    def state(self):
+        raise RuntimeError("state is unavailable")

@@ -20,3 +20,11 @@ def make_episode(n: int, *, t_started: int = 0, obs_offset: float = 0.0, termina
     )
     episode.to_numpy()
     return episode
+
+
+SINK: list = []
+
+
+def collect(item) -> None:
+    """A `replay --to tests.helpers:collect` target: keeps what it is given."""
+    SINK.append(item)

@@ -1,0 +1,136 @@
+"""An env's start state: capture it at episode start, restore it into a fresh env to re-simulate."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from rllib_recorder.errors import ReplayError
+
+KIND_CLASSIC = "classic_control/1"
+KIND_ALE = "ale/1"
+# Wrapper attributes that shape later observations (gymnasium's TimeLimit, RLlib's Atari wrappers).
+WRAPPER_ATTRS = ("frames", "lives", "was_real_terminated", "_obs_buffer", "_elapsed_steps")
+# Attributes of a classic-control env besides its ``state`` array.
+CLASSIC_ATTRS = ("steps_beyond_terminated",)
+
+
+def sub_env(vector_env: Any, env_index: int) -> Any | None:
+    """Sub-env ``env_index`` of the gymnasium vector env RLlib passes to ``on_episode_start`` (None if remote)."""
+    envs = getattr(getattr(vector_env, "unwrapped", vector_env), "envs", None)
+    if envs is None or env_index >= len(envs):
+        return None
+    return envs[env_index]
+
+
+def unsupported_reason(env: Any) -> str | None:
+    """Why ``env``'s state can't be captured (None when it can)."""
+    base = getattr(env, "unwrapped", env)
+    if hasattr(base, "ale"):
+        return None
+    state = getattr(base, "state", None)
+    if state is not None and np.asarray(state).dtype.kind in "fiub":
+        return None
+    return (f"{type(base).__name__} has neither an ALE emulator nor a classic-control 'state' array; "
+            "only such envs can be restored")
+
+
+def capture(env: Any) -> tuple[str, bytes] | None:
+    """(kind, state bytes) of ``env`` as it is now, or None if the env is not supported."""
+    if unsupported_reason(env) is not None:
+        return None
+    base = env.unwrapped
+    arrays: dict[str, np.ndarray] = {}
+    meta: dict[str, Any] = {"layers": [], "rng": _rng_state(base)}
+    for i, layer in enumerate(_layers(env)):
+        attrs = {}
+        for name in WRAPPER_ATTRS:
+            if name in vars(layer):
+                attrs[name] = _put(arrays, f"L{i}.{name}", getattr(layer, name))
+        if attrs:
+            meta["layers"].append([type(layer).__name__, attrs])
+    if hasattr(base, "ale"):
+        kind = KIND_ALE
+        arrays["ale"] = np.frombuffer(base.ale.cloneState(include_rng=True).serialize(), np.uint8)
+    else:
+        kind = KIND_CLASSIC
+        arrays["state"] = np.array(base.state)
+        meta["attrs"] = {n: _put(arrays, f"base.{n}", getattr(base, n)) for n in CLASSIC_ATTRS if hasattr(base, n)}
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    out = io.BytesIO()
+    np.savez_compressed(out, **arrays)
+    return kind, out.getvalue()
+
+
+def restore(env: Any, kind: str, state: bytes) -> None:
+    """Puts a fresh (already reset) ``env`` into a captured state; ReplayError if it does not fit."""
+    reason = unsupported_reason(env)
+    if reason is not None:
+        raise ReplayError(f"cannot restore a recorded start state into this env: {reason}")
+    base = env.unwrapped
+    if kind not in (KIND_ALE, KIND_CLASSIC) or (kind == KIND_ALE) != hasattr(base, "ale"):
+        raise ReplayError(f"the recorded start state is of kind {kind!r}, but the env is {type(base).__name__}; "
+                          "pass the env the run was recorded with (--env)")
+    with np.load(io.BytesIO(state), allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    meta = json.loads(arrays["meta"].tobytes())
+    layers = _layers(env)
+    for name, attrs in meta["layers"]:
+        layer = next((x for x in layers if type(x).__name__ == name), None)
+        if layer is None:
+            raise ReplayError(f"the recorded env had a {name} wrapper, the given env has none; "
+                              "pass the env the run was recorded with (--env)")
+        layers.remove(layer)
+        for attr, value in attrs.items():
+            setattr(layer, attr, _get(arrays, value, getattr(layer, attr, None)))
+    if meta.get("rng") is not None:
+        base.np_random.bit_generator.state = meta["rng"]
+    if kind == KIND_ALE:
+        import ale_py
+
+        base.ale.restoreState(ale_py.ALEState(arrays["ale"].tobytes()))
+    else:
+        if np.shape(base.state) != arrays["state"].shape:
+            raise ReplayError(f"the recorded state has shape {arrays['state'].shape}, the env's "
+                              f"{np.shape(base.state)}; pass the env the run was recorded with (--env)")
+        base.state = arrays["state"].copy()
+        for attr, value in meta.get("attrs", {}).items():
+            setattr(base, attr, _get(arrays, value, None))
+
+
+def _layers(env: Any) -> list[Any]:
+    layers, layer = [], env
+    while layer is not None and layer not in layers:
+        layers.append(layer)
+        layer = getattr(layer, "env", None)
+    return layers
+
+
+def _rng_state(base: Any) -> dict[str, Any] | None:
+    rng = getattr(base, "_np_random", None)
+    return None if rng is None else rng.bit_generator.state
+
+
+def _put(arrays: dict[str, np.ndarray], key: str, value: Any) -> Any:
+    """JSON-able reference to ``value``: plain scalars inline, arrays (and deques of arrays) in ``arrays``."""
+    if isinstance(value, deque):
+        arrays[key] = np.stack(list(value)) if len(value) else np.zeros(0)
+        return {"deque": key, "maxlen": value.maxlen}
+    if isinstance(value, np.ndarray):
+        arrays[key] = value
+        return {"array": key}
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _get(arrays: dict[str, np.ndarray], ref: Any, current: Any) -> Any:
+    if isinstance(ref, dict) and "deque" in ref:
+        return deque(list(arrays[ref["deque"]]), maxlen=ref["maxlen"])
+    if isinstance(ref, dict) and "array" in ref:
+        return arrays[ref["array"]].copy()
+    return ref

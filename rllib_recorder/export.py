@@ -1,0 +1,141 @@
+"""Exporting a run: RLlib's columnar offline input (parquet) and Minari datasets."""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from typing import Any, Callable
+
+import h5py
+import numpy as np
+
+from rllib_recorder.errors import ExportError
+from rllib_recorder.formats import require_extra
+from rllib_recorder.reader import Episode, Run
+
+# The columns RLlib's OfflinePreLearner maps to episodes (its default input schema).
+RLLIB_COLUMNS = ("eps_id", "obs", "new_obs", "actions", "rewards", "terminateds", "truncateds")
+ROWS_PER_PARQUET_FILE = 50_000
+
+
+def export_rllib(run: Run, out_dir: str, progress: Callable[[int], None] | None = None) -> list[str]:
+    """Writes the run's steps as parquet in RLlib's columnar offline format; returns the files.
+
+    Train from it with ``config.offline_data(input_=out_dir)`` (e.g. ``BCConfig``, new API stack).
+    """
+    pq = require_extra("pyarrow.parquet")
+    from ray.data.block import BlockAccessor  # numpy tensors -> Arrow tensor columns, as Ray Data reads them
+
+    _check_single_agent(run, "rllib")
+    os.makedirs(out_dir, exist_ok=True)
+    files: list[str] = []
+    pending: list[dict[str, np.ndarray]] = []
+
+    def flush() -> None:
+        if not pending:
+            return
+        columns = {k: np.concatenate([p[k] for p in pending]) for k in RLLIB_COLUMNS}
+        path = os.path.join(out_dir, f"part-{len(files):05d}.parquet")
+        pq.write_table(BlockAccessor.batch_to_block(columns), path)
+        files.append(path)
+        pending.clear()
+
+    for episode in run.episodes():
+        if _has_final_obs(episode):
+            pending.append(_episode_columns(episode))
+        if sum(len(p["rewards"]) for p in pending) >= ROWS_PER_PARQUET_FILE:
+            flush()
+        if progress is not None:
+            progress(len(episode))
+    flush()
+    if not files:
+        raise ExportError(f"run {run.path} holds no complete steps to export")
+    return files
+
+
+def export_minari(run: Run, out_dir: str, dataset_id: str | None = None, spaces: tuple[Any, Any] | None = None,
+                  progress: Callable[[int], None] | None = None) -> str:
+    """Writes the run as a Minari dataset under ``out_dir`` (its MINARI_DATASETS_PATH); returns the dataset id.
+
+    Every stored episode (also an unfinished one) becomes a Minari episode; ``spaces`` are the env's
+    (observation, action) spaces, inferred from the stored data when None.
+    """
+    minari = require_extra("minari")
+    from minari.data_collector.episode_buffer import EpisodeBuffer
+
+    _check_single_agent(run, "minari")
+    dataset_id = dataset_id or default_dataset_id(run)
+    buffers = []
+    for i, episode in enumerate(run.episodes()):
+        if _has_final_obs(episode):
+            buffers.append(EpisodeBuffer(
+                id=i, observations=episode.obs, actions=episode.actions, rewards=episode.rewards.tolist(),
+                terminations=episode.terminateds.tolist(), truncations=episode.truncateds.tolist(), infos={},
+            ))
+        if progress is not None:
+            progress(len(episode))
+    if not buffers:
+        raise ExportError(f"run {run.path} holds no episodes to export")
+    observation_space, action_space = spaces or infer_spaces(buffers[0])
+    os.makedirs(out_dir, exist_ok=True)
+    previous = os.environ.get("MINARI_DATASETS_PATH")
+    os.environ["MINARI_DATASETS_PATH"] = os.path.abspath(out_dir)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # minari's advice on optional metadata (author email, ...)
+            minari.create_dataset_from_buffers(
+                dataset_id, buffers, observation_space=observation_space, action_space=action_space,
+                algorithm_name=str(run.manifest.get("algorithm")), author="rllib_recorder",
+                description=f"exported by rllib_recorder from {os.path.abspath(run.path)} "
+                            f"(env {run.manifest.get('env')})",
+            )
+    except ValueError as e:
+        raise ExportError(f"minari refused the dataset ({e}); pass another --dataset-id or a new -o") from None
+    finally:
+        if previous is None:
+            os.environ.pop("MINARI_DATASETS_PATH", None)
+        else:
+            os.environ["MINARI_DATASETS_PATH"] = previous
+    return dataset_id
+
+
+def default_dataset_id(run: Run) -> str:
+    """``rllib-recorder/<run dir name>-v0`` with the characters Minari allows."""
+    name = re.sub(r"[^A-Za-z0-9_.]+", "_", os.path.basename(os.path.normpath(run.path)))
+    return f"rllib-recorder/{name}-v0"
+
+
+def infer_spaces(buffer: Any) -> tuple[Any, Any]:
+    """(observation, action) spaces that hold the stored arrays: Box for observations, Discrete for int actions."""
+    import gymnasium as gym
+
+    obs, actions = np.asarray(buffer.observations), np.asarray(buffer.actions)
+    observation_space = gym.spaces.Box(-np.inf, np.inf, obs.shape[1:], obs.dtype)
+    if actions.dtype.kind in "iu" and actions.ndim == 1:
+        return observation_space, gym.spaces.Discrete(int(actions.max()) + 1)
+    return observation_space, gym.spaces.Box(-np.inf, np.inf, actions.shape[1:], actions.dtype)
+
+
+def _episode_columns(episode: Episode) -> dict[str, np.ndarray]:
+    n = len(episode)
+    return {
+        "eps_id": np.full(n, episode.eps_id), "obs": episode.obs[:n], "new_obs": episode.obs[1:n + 1],
+        "actions": episode.actions, "rewards": episode.rewards, "terminateds": episode.terminateds,
+        "truncateds": episode.truncateds,
+    }
+
+
+def _has_final_obs(episode: Episode) -> bool:
+    return isinstance(episode.obs, np.ndarray) and len(episode.obs) == len(episode) + 1 and len(episode) > 0
+
+
+def _check_single_agent(run: Run, target: str) -> None:
+    for f in run.files:
+        for agent in f.agents:
+            if agent != "default_agent":
+                raise ExportError(f"export --to {target} takes single-agent runs; {f.path} holds agent {agent!r}")
+            steps = f.h5[f"agents/{agent}/steps"]
+            if not isinstance(steps["obs"], h5py.Dataset) or not isinstance(steps["actions"], h5py.Dataset):
+                raise ExportError(f"export --to {target} takes Box/Discrete spaces; {f.path} stores nested "
+                                  "observations or actions (a Dict or Tuple space)")

@@ -1,0 +1,73 @@
+"""Plotting a run: episode return against env steps per worker, and the policy-lag histogram."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from rllib_recorder.errors import ExportError
+from rllib_recorder.formats import require_extra
+from rllib_recorder.reader import Run, WorkerFile
+
+
+def episode_returns(f: WorkerFile, agent: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps stored by the worker when each finished episode ended, its return), from the episode index only."""
+    frags = f.fragments(agent)
+    totals: dict[bytes, float] = defaultdict(float)
+    for eps, ret in zip(frags["eps_id"].tolist(), frags["return"].tolist()):
+        totals[eps] += ret
+    done = np.flatnonzero(frags["terminated"] | frags["truncated"])
+    ends = frags["first_row"][done] + frags["num_rows"][done]
+    order = np.argsort(ends, kind="stable")
+    return ends[order], np.array([totals[e] for e in frags["eps_id"][done][order].tolist()], dtype=np.float64)
+
+
+def policy_lags(f: WorkerFile, agent: str) -> np.ndarray:
+    """Per step: the learner's version when the chunk was sampled minus the version that acted (known ones only)."""
+    frags, batches = f.fragments(agent), f.batches()
+    if not len(frags["eps_id"]) or "learner_version" not in batches:
+        return np.zeros(0, np.int64)
+    learner = np.repeat(batches["learner_version"][frags["batch"]], frags["num_rows"])
+    rows = np.concatenate([np.arange(s, s + n) for s, n in zip(frags["first_row"], frags["num_rows"])])
+    acted = f.column(agent, "weights_seq_no", slice(0, f.num_rows(agent)))[rows]
+    known = (learner >= 0) & (acted >= 0)
+    return (learner - acted)[known]
+
+
+def plot_run(run: Run, out_path: str) -> dict[str, Any]:
+    """Writes the figure to ``out_path`` (PNG); returns what was plotted (episodes per worker, lag counts)."""
+    require_extra("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_ret, ax_lag) = plt.subplots(1, 2, figsize=(12, 4.5))
+    summary: dict[str, Any] = {"episodes": {}, "lags": {}}
+    all_lags = []
+    for f in run._files(False):
+        for agent in f.agents:
+            x, y = episode_returns(f, agent)
+            label = f"worker {f.worker_index}" + ("" if agent == "default_agent" else f" {agent}")
+            ax_ret.plot(x, y, marker=".", label=label)
+            summary["episodes"][label] = len(x)
+            all_lags.append(policy_lags(f, agent))
+    lags = np.concatenate(all_lags) if all_lags else np.zeros(0, np.int64)
+    if not summary["episodes"]:
+        plt.close(fig)
+        raise ExportError(f"run {run.path} holds no worker data to plot")
+    ax_ret.set(xlabel="env steps stored by the worker", ylabel="episode return", title="Episode return")
+    ax_ret.legend(fontsize="small")
+    bins = np.arange(lags.min(), lags.max() + 2) - 0.5 if len(lags) else 1
+    ax_lag.hist(lags, bins=bins)
+    ax_lag.set(xlabel="policy lag (learner version - acting version)", ylabel="steps",
+               title=f"Policy lag ({len(lags)} steps with known versions)")
+    fig.suptitle(f"{run.manifest.get('algorithm')} on {run.manifest.get('env')}")
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=100)
+    plt.close(fig)
+    values, counts = np.unique(lags, return_counts=True)
+    summary["lags"] = {int(v): int(c) for v, c in zip(values, counts)}
+    return summary
