@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import errno
 import logging
 import os
 import socket
@@ -15,7 +16,7 @@ import numpy as np
 
 from rllib_recorder import schema
 from rllib_recorder.convert import Chunk
-from rllib_recorder.errors import RecorderError
+from rllib_recorder.errors import RecorderError, WriterError
 
 logger = logging.getLogger(__name__)
 
@@ -66,11 +67,12 @@ class RecordingWriter:
                 h5, chunk, sender_id=sender_id, seq=seq, learner_version=learner_version,
                 options=self.storage,
             )
-        except BaseException:
-            # Leave the file as committed before this chunk, so the re-send is clean.
+        except BaseException as e:
+            # Close the file: reopening drops the rows no commit names, so a re-send is clean.
             self._totals["errors"] += 1
-            schema.repair_to_committed(h5)
-            raise
+            path = h5.filename
+            self._close_file(key)
+            raise _clear_error(e, path) from e
         self._committed[key].add((sender_id, seq))
         self._account(chunk, time.perf_counter() - start, learner_version)
         return {"seq": seq, "duplicate": False, "rows": chunk.agent_steps}
@@ -132,6 +134,14 @@ class RecordingWriter:
             self._committed[key] = schema.committed_keys(h5)
         return self._files[key]
 
+    def _close_file(self, key: tuple[int, bool]) -> None:
+        h5 = self._files.pop(key)
+        path = h5.filename
+        try:
+            h5.close()
+        except Exception:  # a full disk may refuse the flush; reopening repairs from the commit
+            logger.warning("rllib_recorder: closing %s after a failed append failed", path)
+
     def _account(self, chunk: Chunk, write_s: float, learner_version: int) -> None:
         self._totals["chunks"] += 1
         self._totals["env_steps"] += chunk.env_steps
@@ -152,3 +162,15 @@ def _size(h5: h5py.File) -> int:
         return os.path.getsize(h5.filename)
     except OSError:
         return 0
+
+
+def _clear_error(error: BaseException, path: str) -> BaseException:
+    """A one-line WriterError naming the file, the cause and the fix (other errors unchanged)."""
+    if isinstance(error, RecorderError) or not isinstance(error, (OSError, RuntimeError)):
+        return error
+    text = str(error)
+    if getattr(error, "errno", None) == errno.ENOSPC or "No space left" in text or "errno = 28" in text:
+        return WriterError(f"disk full: cannot write {path} (No space left on device); free space on that "
+                           "file system or choose another output_dir")
+    return WriterError(f"cannot write {path} ({type(error).__name__}: {text.splitlines()[0] if text else ''}); "
+                       "check the file system of output_dir")
