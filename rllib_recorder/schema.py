@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import h5py
 import numpy as np
@@ -123,6 +124,21 @@ def open_for_append(path: str, attrs: Mapping[str, Any]) -> h5py.File:
             rewrite_committed(path)
             h5 = h5py.File(path, "a")
     return h5
+
+
+@contextlib.contextmanager
+def damaged_file_errors(path: str) -> Iterator[None]:
+    """Turns what h5py raises on a damaged or foreign file into a one-line SchemaError naming ``path``."""
+    try:
+        yield
+    except SchemaError:
+        raise
+    except (OSError, KeyError, ValueError, RuntimeError, TypeError, IndexError, AttributeError) as e:
+        first = (str(e).splitlines() or [""])[0][:200]
+        raise SchemaError(
+            f"{path} is damaged or not an rllib_recorder file ({type(e).__name__}: {first}); "
+            "run 'rllib-recorder recover' on its run directory, or remove the file"
+        ) from None
 
 
 def validate_header(h5: h5py.File, path: str) -> None:

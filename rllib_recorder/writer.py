@@ -40,6 +40,7 @@ class RecordingWriter:
         self._sender_stats: dict[str, dict[str, Any]] = {}
         self._lag: Counter[int] = Counter()
         self._totals = Counter()
+        self._last_error: str | None = None
         os.makedirs(run_dir, exist_ok=True)
 
     def __reduce__(self) -> Any:
@@ -72,7 +73,9 @@ class RecordingWriter:
             self._totals["errors"] += 1
             path = h5.filename
             self._close_file(key)
-            raise _clear_error(e, path) from e
+            error = _clear_error(e, path)
+            self._last_error = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+            raise error from e
         self._committed[key].add((sender_id, seq))
         self._account(chunk, time.perf_counter() - start, learner_version)
         return {"seq": seq, "duplicate": False, "rows": chunk.agent_steps}
@@ -102,6 +105,9 @@ class RecordingWriter:
             "disk_bytes": sum(_size(h5) for h5 in self._files.values()),
             "policy_lag_counts": dict(self._lag),
             "runners": dict(self._sender_stats),
+            "last_error": self._last_error,
+            "senders": {os.path.basename(self._files[k].filename): len({s for s, _ in c})
+                        for k, c in self._committed.items() if k in self._files},
         }
 
     def close(self) -> dict[str, Any]:
