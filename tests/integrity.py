@@ -22,7 +22,7 @@ def check_run(run_dir: str, kind: str = "vector", multi_agent: bool = False,
         for f in run.files:
             for agent in f.agents:
                 # A restarted env runner counts its episodes from 0 again, under a new sender id.
-                frags, senders = f.fragments(agent), f.batches()["sender_id"]
+                frags, senders = f.fragments(agent), f.batches().get("sender_id", [])
                 sender_of = {e: senders[b] for e, b in zip(frags["eps_id"].tolist()[::-1], frags["batch"][::-1])}
                 numbers: dict[bytes, list[int]] = {}
                 for eps_id in f.episode_ids(agent):
