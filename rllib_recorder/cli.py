@@ -207,6 +207,22 @@ def _progress() -> Any:
                     console=Console(stderr=True), transient=True)
 
 
+@main.command()
+@click.argument("run_dir", type=click.Path())
+def recover(run_dir: str) -> None:
+    """Make a RUN_DIR whose driver or writers were killed readable again, keeping every committed row.
+
+    Drops rows no commit names, removes temporary files and marks the manifest 'recovered'.
+    Example: rllib-recorder recover recordings/PPO_CartPole-v1_20261130-120000_ab12cd
+    """
+    from rllib_recorder.recover import recover_run
+
+    report = _guard(lambda: recover_run(run_dir))
+    for name, done in report["files"].items():
+        click.echo(f"{name}: {done}")
+    click.echo(f"recovered: {run_dir} holds {report['env_steps']} env steps, status {report['status']}")
+
+
 def _guard(fn: Any) -> Any:
     try:
         return fn()

@@ -92,8 +92,9 @@ class RunRecorder:
         result["recorder"] = self.metrics(self.pool.stats(), result)
         errors = result["recorder"]["errors"]
         if self.config.fail_on_error and errors:
+            cause = result["recorder"]["last_error"] or "see the env runner logs"
             raise RecorderError(
-                f"rllib_recorder counted {errors} error(s) (see the env runner logs); "
+                f"rllib_recorder counted {errors} error(s), last: {cause}; "
                 "training stops because fail_on_error=True"
             )
 
@@ -110,6 +111,9 @@ class RunRecorder:
                 runners.update({k: runner.get(k, 0) for k in _RUNNER_SUMS})
                 max_wait = max(max_wait, runner.get("max_wait_s", 0.0))
         total_lag = sum(lag.values())
+        last_error = next((s["last_error"] for s in writer_stats if s.get("last_error")), None)
+        # Each env-runner process sends under its own sender id: more than one per file is a restart.
+        restarts = sum(max(0, n - 1) for s in writer_stats for n in s.get("senders", {}).values())
         out = {
             "run_dir": self.run_dir,
             "env_steps_stored": writers["env_steps"], "agent_steps_stored": writers["agent_steps"],
@@ -122,6 +126,7 @@ class RunRecorder:
             "rows_failed": runners["rows_failed"], "resends": runners["resends"],
             "errors": writers["errors"] + runners["errors"] + runners["chunks_failed"] + sum(self.errors.values()),
             "learner_version": self.learner_version,
+            "last_error": last_error, "runner_restarts_seen": restarts,
             "policy_lag_mean": sum(k * v for k, v in lag.items()) / total_lag if total_lag else 0.0,
             "policy_lag_max": max(lag) if lag else 0,
             "policy_lag_hist": {str(k): v for k, v in sorted(lag.items())},

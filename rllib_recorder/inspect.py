@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from rllib_recorder import schema
 from rllib_recorder.reader import open_run
 
 
@@ -18,15 +19,9 @@ def summarize(run_dir: str) -> dict[str, Any]:
         totals = manifest.get("totals", {})
         returns, episodes, steps = [], 0, 0
         for f in run.files:
-            steps += int(f.batches()["env_steps"].sum()) if f.commit["batches"] else 0
-            for agent in f.agents:
-                frags = f.fragments(agent)
-                done = frags["terminated"] | frags["truncated"]
-                episodes += int(done.sum())
-                by_id: dict[bytes, float] = defaultdict(float)
-                for eps, ret in zip(frags["eps_id"].tolist(), frags["return"].tolist()):
-                    by_id[eps] += ret
-                returns += [by_id[e] for e in frags["eps_id"][done].tolist()]
+            with schema.damaged_file_errors(f.path):
+                file_steps, file_episodes, file_returns = _file_summary(f)
+            steps, episodes, returns = steps + file_steps, episodes + file_episodes, returns + file_returns
         disk = sum(os.path.getsize(f.path) for f in run.files)
         raw = totals.get("raw_bytes") or 0
         return {
@@ -44,14 +39,30 @@ def summarize(run_dir: str) -> dict[str, Any]:
         }
 
 
+def _file_summary(f: Any) -> tuple[int, int, list[float]]:
+    steps = int(f.batches()["env_steps"].sum()) if f.commit["batches"] else 0
+    episodes, returns = 0, []
+    for agent in f.agents:
+        frags = f.fragments(agent)
+        done = frags["terminated"] | frags["truncated"]
+        episodes += int(done.sum())
+        by_id: dict[bytes, float] = defaultdict(float)
+        for eps, ret in zip(frags["eps_id"].tolist(), frags["return"].tolist()):
+            by_id[eps] += ret
+        returns += [by_id[e] for e in frags["eps_id"][done].tolist()]
+    return steps, episodes, returns
+
+
 def verify_run(run_dir: str) -> list[str]:
     """Every problem found in a run (empty when it is sound)."""
     problems: list[str] = []
     with open_run(run_dir) as run:
-        if run.manifest.get("status") != "finished":
-            problems.append(f"manifest status is {run.manifest.get('status')!r}, not 'finished'")
+        if run.manifest.get("status") not in ("finished", "recovered"):
+            problems.append(f"manifest status is {run.manifest.get('status')!r}, not 'finished' "
+                            "(run 'rllib-recorder recover' if its driver was killed)")
         for f in run.files:
-            problems += [f"{os.path.basename(f.path)}: {p}" for p in _verify_file(f)]
+            with schema.damaged_file_errors(f.path):
+                problems += [f"{os.path.basename(f.path)}: {p}" for p in _verify_file(f)]
     return problems
 
 

@@ -123,12 +123,12 @@ class WorkerFile:
     def agents(self) -> list[str]:
         return sorted(self.h5["agents"].keys())
 
-    def batches(self) -> dict[str, np.ndarray]:
+    def _batches(self) -> dict[str, np.ndarray]:
         """The batch index: one row per stored chunk."""
         n = self.commit["batches"]
         return {k: v[:n] for k, v in self.h5["batches"].items()}
 
-    def fragments(self, agent: str) -> dict[str, np.ndarray]:
+    def _fragments(self, agent: str) -> dict[str, np.ndarray]:
         """The episode index of ``agent`` (scalar columns; one row per fragment)."""
         group = self.h5[f"agents/{agent}/fragments"]
         n = self.commit["agents"].get(agent, (0, 0))[1]
@@ -176,7 +176,7 @@ class WorkerFile:
                 seen.setdefault(eps.decode(), None)
         return list(seen)
 
-    def episode(self, eps_id: str, agent: str) -> Episode:
+    def _episode(self, eps_id: str, agent: str) -> Episode:
         """One agent's episode, read through the episode index (no scan of step data)."""
         frags = self.fragments(agent)
         where = np.flatnonzero(frags["eps_id"] == eps_id.encode())
@@ -210,6 +210,23 @@ class WorkerFile:
             extra_model_outputs=extras, infos=infos,
             module_id=frag_group["module_id"][last].decode() if "module_id" in frag_group else "",
         )
+
+    def batches(self) -> dict[str, np.ndarray]:
+        """The batch index: one row per stored chunk."""
+        with schema.damaged_file_errors(self.path):
+            return self._batches()
+
+    def fragments(self, agent: str) -> dict[str, np.ndarray]:
+        """The episode index of ``agent`` (scalar columns; one row per fragment)."""
+        with schema.damaged_file_errors(self.path):
+            return self._fragments(agent)
+
+    def episode(self, eps_id: str, agent: str) -> Episode:
+        """One agent's episode, read through the episode index (no scan of step data)."""
+        if eps_id.encode() not in self.fragments(agent)["eps_id"]:
+            raise KeyError(f"episode {eps_id!r} of agent {agent!r} is not in {self.path}")
+        with schema.damaged_file_errors(self.path):
+            return self._episode(eps_id, agent)
 
     def close(self) -> None:
         if self._h5 is not None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import h5py
 import numpy as np
@@ -131,8 +132,28 @@ def open_for_append(path: str, attrs: Mapping[str, Any]) -> h5py.File:
         h5.flush()
     else:
         validate_header(h5, path)
-        repair_to_committed(h5)
+        if uncommitted_rows(h5):
+            # Truncating in place would rewrite chunks and variable-length heaps that a
+            # killed writer may have left half-written: copy the committed rows instead.
+            h5.close()
+            rewrite_committed(path)
+            h5 = h5py.File(path, "a")
     return h5
+
+
+@contextlib.contextmanager
+def damaged_file_errors(path: str) -> Iterator[None]:
+    """Turns what h5py raises on a damaged or foreign file into a one-line SchemaError naming ``path``."""
+    try:
+        yield
+    except SchemaError:
+        raise
+    except (OSError, KeyError, ValueError, RuntimeError, TypeError, IndexError, AttributeError) as e:
+        first = (str(e).splitlines() or [""])[0][:200]
+        raise SchemaError(
+            f"{path} is damaged or not an rllib_recorder file ({type(e).__name__}: {first}); "
+            "run 'rllib-recorder recover' on its run directory, or remove the file"
+        ) from None
 
 
 def validate_header(h5: h5py.File, path: str) -> None:
@@ -172,6 +193,85 @@ def repair_to_committed(h5: h5py.File) -> dict[str, int]:
     return dropped
 
 
+def _tables(h5: h5py.File) -> list[tuple[str, int]]:
+    """(group path, committed rows) of every table in the file."""
+    commit = read_commit(h5)
+    tables = [("batches", int(commit["batches"]))]
+    for key in h5["agents"]:
+        rows, frags = commit["agents"].get(key, (0, 0))
+        tables += [(f"agents/{key}/steps", int(rows)), (f"agents/{key}/fragments", int(frags))]
+    return tables
+
+
+def uncommitted_rows(h5: h5py.File) -> dict[str, int]:
+    """Rows past the commit record per column (left by a writer killed mid-append).
+
+    Raises SchemaError when a column holds fewer rows than the commit names.
+    """
+    extra: dict[str, int] = {}
+    for name, rows in _tables(h5):
+        if name not in h5:
+            continue
+
+        def visit(path: str, item: Any, name: str = name, rows: int = rows) -> None:
+            if isinstance(item, h5py.Dataset) and item.shape[0] != rows:
+                if item.shape[0] < rows:
+                    raise SchemaError(
+                        f"{h5.filename}: {name}/{path} has {item.shape[0]} rows but {rows} are "
+                        "committed; the file is damaged beyond repair"
+                    )
+                extra[f"{name}/{path}"] = item.shape[0] - rows
+
+        h5[name].visititems(visit)
+    return extra
+
+
+def rewrite_committed(path: str, copy_rows: int = 1 << 16) -> dict[str, int]:
+    """Replaces ``path`` by a fresh copy holding only committed rows; returns rows dropped per column.
+
+    Only reads the old file, so it works on files a killed writer left behind; the
+    new file replaces the old one atomically (a crash leaves one or the other).
+    """
+    tmp = f"{path}.rewrite-tmp"
+    with h5py.File(path, "r") as src, h5py.File(tmp, "w") as dst:
+        validate_header(src, path)
+        dropped = uncommitted_rows(src)
+        dst.attrs.update(dict(src.attrs))
+        dst.require_group("batches")
+        dst.require_group("agents")
+        for name, rows in _tables(src):
+            if name in src:
+                _copy_table(src[name], dst.require_group(name), rows, copy_rows)
+        dst.flush()
+        os.fsync(dst.id.get_vfd_handle())
+    os.replace(tmp, path)
+    return dropped
+
+
+def _copy_table(src: h5py.Group, dst: h5py.Group, rows: int, copy_rows: int) -> None:
+    def visit(path: str, item: Any) -> None:
+        if isinstance(item, h5py.Group):
+            dst.require_group(path).attrs.update(dict(item.attrs))
+            return
+        out = dst.create_dataset(
+            path, shape=(rows,) + item.shape[1:], maxshape=item.maxshape, dtype=item.dtype,
+            chunks=item.chunks, compression=item.compression, compression_opts=item.compression_opts,
+            shuffle=item.shuffle,
+        )
+        out.attrs.update(dict(item.attrs))
+        for start in range(0, rows, copy_rows):
+            stop = min(rows, start + copy_rows)
+            try:
+                out[start:stop] = item[start:stop]
+            except (OSError, ValueError) as e:
+                raise SchemaError(
+                    f"{src.file.filename}: committed rows {start}-{stop} of {src.name}/{path} are "
+                    f"unreadable ({e}); the file is damaged beyond repair"
+                ) from None
+
+    src.visititems(visit)
+
+
 def append_chunk(
     h5: h5py.File, chunk: Chunk, *, sender_id: bytes, seq: int, learner_version: int,
     options: StorageOptions,
@@ -179,7 +279,7 @@ def append_chunk(
     """Appends one chunk and commits it (one attribute write), then flushes.
 
     The chunk counts as stored only once the commit record names it; rows written
-    before a crash but not committed are removed by ``repair_to_committed``.
+    before a crash but not committed are dropped when the file is reopened.
     """
     commit = read_commit(h5)
     batch_row = commit["batches"]
@@ -204,12 +304,19 @@ def append_chunk(
         "raw_bytes": np.array([chunk.nbytes], np.int64),
     }
     _append_columns(h5["batches"], batch, batch_row, options)
+    # Rows first, commit second: one flush for both would let HDF5 write the commit
+    # record before the rows it names, and a kill in between would commit garbage.
+    _flush(h5, options)
     commit["batches"] = batch_row + 1
     h5.attrs["commit"] = json.dumps(commit)
+    _flush(h5, options)
+    return {"rows": chunk.agent_steps, "batch_row": batch_row}
+
+
+def _flush(h5: h5py.File, options: StorageOptions) -> None:
     h5.flush()
     if options.fsync:
         os.fsync(h5.id.get_vfd_handle())
-    return {"rows": chunk.agent_steps, "batch_row": batch_row}
 
 
 def _append_stream(
@@ -319,6 +426,11 @@ def _append_columns(
                 dataset[start + i] = value
         else:
             dataset[start:] = values
+        # One column per flush: HDF5 frees a rewritten compressed chunk's old space and may
+        # hand it to another chunk of the same flush before the index pointing away from it
+        # is on disk; a kill then corrupts committed rows. Flushing per column keeps the
+        # space a flush frees out of that flush's own allocations of other columns.
+        group.file.flush()
 
 
 def _create_column(

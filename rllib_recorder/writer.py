@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import errno
 import logging
 import os
 import socket
@@ -15,7 +16,7 @@ import numpy as np
 
 from rllib_recorder import schema
 from rllib_recorder.convert import Chunk
-from rllib_recorder.errors import RecorderError
+from rllib_recorder.errors import RecorderError, WriterError
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class RecordingWriter:
         self._sender_stats: dict[str, dict[str, Any]] = {}
         self._lag: Counter[int] = Counter()
         self._totals = Counter()
+        self._last_error: str | None = None
         os.makedirs(run_dir, exist_ok=True)
 
     def __reduce__(self) -> Any:
@@ -66,11 +68,14 @@ class RecordingWriter:
                 h5, chunk, sender_id=sender_id, seq=seq, learner_version=learner_version,
                 options=self.storage,
             )
-        except BaseException:
-            # Leave the file as committed before this chunk, so the re-send is clean.
+        except BaseException as e:
+            # Close the file: reopening drops the rows no commit names, so a re-send is clean.
             self._totals["errors"] += 1
-            schema.repair_to_committed(h5)
-            raise
+            path = h5.filename
+            self._close_file(key)
+            error = _clear_error(e, path)
+            self._last_error = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+            raise error from e
         self._committed[key].add((sender_id, seq))
         self._account(chunk, time.perf_counter() - start, learner_version)
         return {"seq": seq, "duplicate": False, "rows": chunk.agent_steps}
@@ -100,6 +105,9 @@ class RecordingWriter:
             "disk_bytes": sum(_size(h5) for h5 in self._files.values()),
             "policy_lag_counts": dict(self._lag),
             "runners": dict(self._sender_stats),
+            "last_error": self._last_error,
+            "senders": {os.path.basename(self._files[k].filename): len({s for s, _ in c})
+                        for k, c in self._committed.items() if k in self._files},
         }
 
     def close(self) -> dict[str, Any]:
@@ -132,6 +140,14 @@ class RecordingWriter:
             self._committed[key] = schema.committed_keys(h5)
         return self._files[key]
 
+    def _close_file(self, key: tuple[int, bool]) -> None:
+        h5 = self._files.pop(key)
+        path = h5.filename
+        try:
+            h5.close()
+        except Exception:  # a full disk may refuse the flush; reopening repairs from the commit
+            logger.warning("rllib_recorder: closing %s after a failed append failed", path)
+
     def _account(self, chunk: Chunk, write_s: float, learner_version: int) -> None:
         self._totals["chunks"] += 1
         self._totals["env_steps"] += chunk.env_steps
@@ -152,3 +168,15 @@ def _size(h5: h5py.File) -> int:
         return os.path.getsize(h5.filename)
     except OSError:
         return 0
+
+
+def _clear_error(error: BaseException, path: str) -> BaseException:
+    """A one-line WriterError naming the file, the cause and the fix (other errors unchanged)."""
+    if isinstance(error, RecorderError) or not isinstance(error, (OSError, RuntimeError)):
+        return error
+    text = str(error)
+    if getattr(error, "errno", None) == errno.ENOSPC or "No space left" in text or "errno = 28" in text:
+        return WriterError(f"disk full: cannot write {path} (No space left on device); free space on that "
+                           "file system or choose another output_dir")
+    return WriterError(f"cannot write {path} ({type(error).__name__}: {text.splitlines()[0] if text else ''}); "
+                       "check the file system of output_dir")

@@ -8,29 +8,35 @@ from rllib_recorder.reader import open_run
 from tests.envs import decode, episode_length
 
 
-def check_run(run_dir: str, kind: str = "vector", multi_agent: bool = False) -> dict:
+def check_run(run_dir: str, kind: str = "vector", multi_agent: bool = False,
+              statuses: tuple[str, ...] = ("finished",)) -> dict:
     """Checks every stored episode of a run made with CountingEnv / TwoAgentCountingEnv.
 
     Nothing lost (episode numbers per runner and agent are contiguous, every finished
     episode has its full length), nothing duplicated, nothing reordered (t counts up
     from 0 across fragments), rewards exact. Returns counts for further checks.
     """
-    steps, returns, streams = 0, {}, {}
+    steps, returns, streams, senders_seen = 0, {}, {}, {}
     with open_run(run_dir) as run:
-        assert run.manifest["status"] == "finished", run.manifest["status"]
+        assert run.manifest["status"] in statuses, run.manifest["status"]
         for f in run.files:
             for agent in f.agents:
-                numbers = []
+                # A restarted env runner counts its episodes from 0 again, under a new sender id.
+                frags, senders = f.fragments(agent), f.batches().get("sender_id", [])
+                sender_of = {e: senders[b] for e, b in zip(frags["eps_id"].tolist()[::-1], frags["batch"][::-1])}
+                numbers: dict[bytes, list[int]] = {}
                 for eps_id in f.episode_ids(agent):
                     episode = f.episode(eps_id, agent)
-                    numbers.append(_check_episode(episode, kind, multi_agent))
+                    numbers.setdefault(sender_of[eps_id.encode()], []).append(_check_episode(episode, kind, multi_agent))
                     returns[eps_id, agent] = episode.episode_return
                     steps += len(episode)
-                assert len(numbers) == len(set(numbers)), f"duplicate episodes in {f.path}:{agent}"
-                assert sorted(numbers) == list(range(min(numbers), max(numbers) + 1)), (
-                    f"lost episodes in {f.path}:{agent}: {sorted(numbers)}")
-                streams[f.worker_index, f.is_evaluation, agent] = numbers
-    return {"agent_steps": steps, "returns": returns, "streams": streams}
+                for sender, found in numbers.items():
+                    assert len(found) == len(set(found)), f"duplicate episodes in {f.path}:{agent}"
+                    assert sorted(found) == list(range(min(found), max(found) + 1)), (
+                        f"lost episodes in {f.path}:{agent}: {sorted(found)}")
+                streams[f.worker_index, f.is_evaluation, agent] = [n for found in numbers.values() for n in found]
+                senders_seen[f.worker_index, f.is_evaluation] = len(numbers)
+    return {"agent_steps": steps, "returns": returns, "streams": streams, "senders": senders_seen}
 
 
 def _check_episode(episode, kind: str, multi_agent: bool) -> int:

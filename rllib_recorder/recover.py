@@ -1,0 +1,79 @@
+"""Recovery: make a run whose driver or writers were killed readable and finished again, losing no committed row."""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any
+
+import h5py
+
+from rllib_recorder import schema
+from rllib_recorder.errors import SchemaError
+from rllib_recorder.manifest import now_iso, read_manifest, write_manifest
+
+RECOVERED = "recovered"
+
+
+def recover_run(run_dir: str) -> dict[str, Any]:
+    """Recovers every worker file of ``run_dir`` and finishes its manifest; returns what was done.
+
+    Idempotent. A file is rewritten from its committed rows when it holds rows past its
+    commit record (a writer killed mid-append) or the run never finished; its committed
+    rows are all read back on the way, so a damaged one raises ``SchemaError`` naming it.
+    A file that a writer created but never committed to holds no data: it is renamed
+    ``*.h5.empty`` so that readers skip it. Leftover temporary files are removed.
+    """
+    if not os.path.isdir(run_dir):
+        raise SchemaError(f"{run_dir} is not a directory; pass the run directory (it holds manifest.json)")
+    manifest = read_manifest(run_dir)
+    schema.check_version(manifest.get("schema_version"), os.path.join(run_dir, "manifest.json"))
+    unfinished = manifest.get("status") != "finished"
+    removed = _remove_leftovers(run_dir)
+    files: dict[str, Any] = {}
+    for path in sorted(glob.glob(os.path.join(run_dir, "*.h5"))):
+        files[os.path.basename(path)] = recover_file(path, rewrite=unfinished)
+    report = {
+        "run_dir": run_dir, "status_before": manifest.get("status"), "files": files,
+        "removed_temporary_files": removed,
+        "env_steps": sum(f.get("env_steps", 0) for f in files.values()),
+    }
+    if unfinished:
+        manifest.update(
+            status=RECOVERED, recovered_at=now_iso(), finished_at=manifest.get("finished_at") or now_iso(),
+            files=sorted(n for n, f in files.items() if not f.get("renamed_to")),
+            recovery={k: v for k, v in report.items() if k != "run_dir"},
+        )
+        write_manifest(run_dir, manifest)
+    report["status"] = manifest["status"]
+    return report
+
+
+def recover_file(path: str, rewrite: bool = True) -> dict[str, Any]:
+    """Recovers one worker file (see ``recover_run``); returns its committed counts and drops."""
+    with schema.damaged_file_errors(path):
+        with h5py.File(path, "r") as h5:
+            if "format" not in h5.attrs or "commit" not in h5.attrs:
+                empty = True
+            else:
+                empty = False
+                schema.validate_header(h5, path)
+                dirty = schema.uncommitted_rows(h5)
+        if empty:
+            os.replace(path, f"{path}.empty")
+            return {"renamed_to": os.path.basename(path) + ".empty", "env_steps": 0}
+        dropped = schema.rewrite_committed(path) if rewrite or dirty else {}
+        with h5py.File(path, "r") as h5:
+            commit = schema.read_commit(h5)
+            steps = int(h5["batches/env_steps"][: commit["batches"]].sum()) if commit["batches"] else 0
+    return {"batches": commit["batches"], "env_steps": steps,
+            "rows_dropped": sum(dropped.values()), "columns_cut": sorted(dropped)}
+
+
+def _remove_leftovers(run_dir: str) -> list[str]:
+    removed = []
+    for pattern in ("*.rewrite-tmp", "manifest.json.tmp-*"):
+        for path in glob.glob(os.path.join(run_dir, pattern)):
+            os.remove(path)
+            removed.append(os.path.basename(path))
+    return sorted(removed)

@@ -1,0 +1,78 @@
+"""Soak: record PPO CartPole with 2 env runners for a long time; sample runner and writer memory; verify at the end.
+
+Usage: python scripts/soak.py --minutes 60 --out soak-out   (not part of CI; run it on a quiet machine)
+Prints one line per sample and writes soak-out/soak.json with every sample and the verdict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=60.0)
+    parser.add_argument("--out", default="soak-out")
+    parser.add_argument("--sample-s", type=float, default=15.0, help="seconds between memory samples")
+    args = parser.parse_args()
+
+    import ray
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+    from rllib_recorder import RecorderCallback
+    from rllib_recorder.inspect import verify_run
+    from rllib_recorder.pool import writer_name
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    out = os.path.abspath(args.out)
+    config = (
+        PPOConfig().environment("CartPole-v1").env_runners(num_env_runners=2)
+        .callbacks(RecorderCallback.configured(output_dir=out))
+    )
+    algo = config.build_algo()
+    samples, start, last_sample = [], time.time(), 0.0
+    pids = None
+    while time.time() - start < args.minutes * 60:
+        recorder = algo.train()["recorder"]
+        if pids is None:
+            run_id = json.load(open(os.path.join(recorder["run_dir"], "manifest.json")))["run_id"]
+            writer = ray.get_actor(writer_name(run_id, 0), namespace=ray.get_runtime_context().namespace)
+            pids = {"writer": ray.get(writer.__ray_call__.remote(lambda self: os.getpid()))}
+            for index, pid in algo.env_runner_group.foreach_env_runner(
+                    lambda r: (r.worker_index, os.getpid()), local_env_runner=False):
+                pids[f"runner{index}"] = pid
+        if time.time() - last_sample >= args.sample_s:
+            last_sample = time.time()
+            row = {"t_s": round(last_sample - start, 1), "env_steps": recorder["env_steps_stored"],
+                   "disk_mib": round(recorder["disk_bytes"] / 2**20, 2), "errors": recorder["errors"],
+                   "sampler_wait_s": round(recorder["sampler_wait_s"], 3),
+                   **{f"{k}_rss_mib": round(rss_mib(p), 1) for k, p in pids.items()}}
+            samples.append(row)
+            print(json.dumps(row), flush=True)
+    run_dir = recorder["run_dir"]
+    algo.stop()
+    problems = verify_run(run_dir)
+    half = samples[len(samples) // 2:]
+    growth = {k: round(half[-1][k] - half[0][k], 1) for k in samples[0] if k.endswith("_rss_mib")} if half else {}
+    verdict = {"run_dir": run_dir, "minutes": args.minutes, "samples": samples, "verify_problems": problems,
+               "rss_growth_second_half_mib": growth}
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "soak.json"), "w") as f:
+        json.dump(verdict, f, indent=1)
+    print(json.dumps({"verify_problems": problems, "rss_growth_second_half_mib": growth}))
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+"""A training driver for the driver-kill test: its own local Ray cluster, records, prints progress per iteration."""
+
+import json
+import sys
+
+import ray
+from ray.tune.registry import register_env
+
+from rllib_recorder import RecorderCallback
+from tests.envs import CountingEnv
+from tests.test_recording import ppo
+
+if __name__ == "__main__":
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    register_env("counting", lambda cfg: CountingEnv(cfg))
+    config = ppo(runners=1).callbacks(RecorderCallback.configured(output_dir=sys.argv[1], coalesce_rows=0))
+    algo = config.build_algo()
+    while True:  # until killed
+        recorder = algo.train()["recorder"]
+        print(json.dumps({"run_dir": recorder["run_dir"], "stored": recorder["env_steps_stored"]}), flush=True)

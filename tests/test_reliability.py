@@ -1,0 +1,236 @@
+"""Faults injected for real (SIGKILL of the actual process, a full disk, damaged files), then every row checked."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import ray
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rllib_recorder import OutputDirError, RecorderCallback, RecorderError
+from rllib_recorder.cli import main
+from rllib_recorder.inspect import verify_run
+from rllib_recorder.pool import writer_name
+from rllib_recorder.reader import open_run
+from tests.integrity import check_run
+from tests.test_recording import ppo
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _pid_of(actor) -> int:
+    return ray.get(actor.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
+
+
+def _writer_actor(run_dir: str, index: int = 0):
+    run_id = json.load(open(os.path.join(run_dir, "manifest.json")))["run_id"]
+    return ray.get_actor(writer_name(run_id, index), namespace=ray.get_runtime_context().namespace)
+
+
+def _build(config, out, **settings):
+    return config.callbacks(RecorderCallback.configured(output_dir=str(out), **settings)).build_algo()
+
+
+@pytest.mark.slow
+def test_killed_writer_is_restarted_and_loses_nothing(ray_session, tmp_path):
+    algo = _build(ppo(runners=2), tmp_path, coalesce_rows=0)
+    results = [algo.train()]
+    run_dir = results[0]["recorder"]["run_dir"]
+    writer_actor = _writer_actor(run_dir)
+    old_pid = _pid_of(writer_actor)
+    os.kill(old_pid, signal.SIGKILL)
+    results += [algo.train() for _ in range(3)]  # training goes on while Ray restarts the writer
+    new_pid = _pid_of(writer_actor)
+    algo.stop()
+    assert new_pid != old_pid
+    counts = check_run(run_dir)  # every row, value by value: no gap, no duplicate
+    sampled = results[-1]["env_runners"]["num_env_steps_sampled_lifetime"]
+    with open_run(run_dir) as run:
+        assert run.num_env_steps == sampled == counts["agent_steps"]
+        assert run.manifest["totals"]["unacked_at_stop"] == 0
+    assert verify_run(run_dir) == []
+
+
+@pytest.mark.slow
+def test_killed_env_runner_is_restarted_and_its_rows_continue_in_its_file(ray_session, tmp_path):
+    config = ppo(runners=2).fault_tolerance(restart_failed_env_runners=True)
+    algo = _build(config, tmp_path, coalesce_rows=0)
+    results = [algo.train()]
+    run_dir = results[0]["recorder"]["run_dir"]
+    pids = dict(algo.env_runner_group.foreach_env_runner(lambda r: (r.worker_index, os.getpid()),
+                                                         local_env_runner=False))
+    os.kill(pids[1], signal.SIGKILL)
+    for _ in range(4):
+        results.append(algo.train())
+        if results[-1]["recorder"]["runner_restarts_seen"]:
+            break
+    results.append(algo.train())
+    algo.stop()
+    assert results[-1]["fault_tolerance"]["num_remote_worker_restarts"] >= 1
+    assert results[-1]["recorder"]["runner_restarts_seen"] >= 1
+    counts = check_run(run_dir)  # per sender: episodes 0.. contiguous, every row exact
+    assert counts["senders"][1, False] == 2 and counts["senders"][2, False] == 1
+    assert verify_run(run_dir) == []
+    with open_run(run_dir) as run:
+        assert run.manifest["totals"]["runner_restarts_seen"] >= 1
+
+
+def _session_pids(sid: int) -> list[int]:
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.getsid(int(name)) == sid:
+                    pids.append(int(name))
+            except OSError:
+                pass
+    return pids
+
+
+@pytest.mark.slow
+def test_killed_driver_leaves_files_that_recover_makes_whole(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    proc = subprocess.Popen([sys.executable, "-m", "tests.driver_script", str(tmp_path / "rec")], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    progress = []
+    try:
+        while len(progress) < 3:
+            line = proc.stdout.readline()
+            assert line, "the driver script died before recording"
+            if line.startswith("{"):
+                progress.append(json.loads(line))
+        time.sleep(0.3)  # mid-iteration
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver, and the Ray cluster it started
+        proc.wait()
+        deadline = time.time() + 30
+        while _session_pids(proc.pid) and time.time() < deadline:
+            time.sleep(0.5)
+        left = _session_pids(proc.pid)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes of the killed driver's Ray cluster survived: {left}"
+    run_dir = progress[-1]["run_dir"]
+    runner = CliRunner()
+    result = runner.invoke(main, ["recover", run_dir])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(main, ["verify", run_dir])
+    assert result.exit_code == 0, result.output
+    counts = check_run(run_dir, statuses=("recovered",))
+    with open_run(run_dir) as run:
+        assert run.manifest["status"] == "recovered"
+        assert run.num_env_steps >= progress[-1]["stored"]  # every acknowledged chunk is there
+        assert counts["agent_steps"] == run.num_env_steps
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("this machine cannot mount a tmpfs (needs root in a container that allows mount)")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.slow
+def test_full_disk_reaches_the_driver_as_one_clear_error_and_keeps_earlier_rows(ray_session, small_disk):
+    config = ppo(obs_kind="image", runners=1).training(train_batch_size=400)
+    algo = _build(config, small_disk, coalesce_rows=0, compression="none", hdf5_chunk_bytes=1 << 16)
+    results = []
+    for _ in range(15):
+        results.append(algo.train())
+        if results[-1]["recorder"]["errors"]:
+            break
+    run_dir = results[-1]["recorder"]["run_dir"]
+    algo.stop()
+    recorder = results[-1]["recorder"]
+    assert recorder["errors"] >= 1, "the disk never filled"
+    assert "disk full" in recorder["last_error"] and "\n" not in recorder["last_error"]
+    assert "free space" in recorder["last_error"]
+    assert results[-1]["env_runners"]["num_env_steps_sampled_lifetime"] > 0  # the runner kept sampling
+    for _ in range(30):  # the writer that could not close its file is killed by algo.stop(), asynchronously
+        try:
+            counts = check_run(run_dir, "image", statuses=("running", "finished"))  # earlier rows intact
+            break
+        except RecorderError as e:
+            assert "unable to lock file" in str(e)
+            time.sleep(0.5)
+    assert counts["agent_steps"] > 0
+    with open_run(run_dir) as run:
+        assert run.num_env_steps == counts["agent_steps"]
+
+
+def _snapshot(root) -> dict[str, tuple[str, int]]:
+    out = {}
+    for base, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(base, name)
+            out[path] = (hashlib.sha256(open(path, "rb").read()).hexdigest(), os.stat(path).st_mtime_ns)
+    return out
+
+
+def test_existing_run_and_readonly_dir_are_refused_before_training_untouched(ray_session, recorded_cartpole, tmp_path):
+    output_dir, name = os.path.split(recorded_cartpole)
+    before = _snapshot(output_dir)
+    config = ppo(runners=0).callbacks(RecorderCallback.configured(output_dir=output_dir, run_name=name))
+    with pytest.raises(OutputDirError, match="already holds a run; choose another run_name"):
+        config.build_algo()
+    assert _snapshot(output_dir) == before  # not one byte, not one mtime changed
+    readonly = tmp_path / "ro"
+    readonly.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(readonly)]).returncode:
+        pytest.skip("cannot mount a read-only tmpfs here (root ignores file permissions)")
+    try:
+        with pytest.raises(OutputDirError, match="is not writable.*output_dir="):
+            RecorderCallback.configured(output_dir=str(readonly / "runs"))
+    finally:
+        subprocess.run(["umount", "-l", str(readonly)], check=False)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from(["flip", "truncate", "random", "zero"]), where=st.floats(0, 1),
+       size=st.integers(1, 64), seed=st.integers(0, 2**31))
+def test_damaged_files_give_one_line_errors_never_tracebacks(recorded_cartpole, tmp_path_factory, kind, where,
+                                                              size, seed):
+    import random
+
+    run_dir = str(tmp_path_factory.mktemp("damaged") / "run")
+    shutil.copytree(recorded_cartpole, run_dir)
+    path = os.path.join(run_dir, "worker-001.h5")
+    data = bytearray(open(path, "rb").read())
+    at = int(where * (len(data) - 1))
+    rng = random.Random(seed)
+    if kind == "flip":
+        for i in range(at, min(len(data), at + size)):
+            data[i] ^= 1 << rng.randrange(8)
+    elif kind == "truncate":
+        data = data[:at]
+    elif kind == "zero":
+        data[at:at + size * 64] = bytes(len(data[at:at + size * 64]))
+    else:
+        data = bytearray(rng.randbytes(max(1, at)))
+    open(path, "wb").write(bytes(data))
+    for command in (["info", run_dir], ["verify", run_dir], ["recover", run_dir], ["verify", run_dir]):
+        result = CliRunner().invoke(main, command)
+        assert result.exit_code in (0, 1, 2), (command, result.output, result.exception)
+        assert "Traceback" not in result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+        if result.exit_code == 2:
+            lines = result.output.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    try:  # the reader API: the project's error or data
+        with open_run(run_dir) as run:
+            sum(len(e) for e in run.episodes())
+    except RecorderError as e:
+        assert "\n" not in str(e)
