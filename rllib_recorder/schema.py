@@ -262,8 +262,13 @@ def _copy_table(src: h5py.Group, dst: h5py.Group, rows: int, copy_rows: int) -> 
         for start in range(0, rows, copy_rows):
             stop = min(rows, start + copy_rows)
             try:
-                out[start:stop] = item[start:stop]
-            except (OSError, ValueError) as e:
+                values = item[start:stop]
+                if h5py.check_vlen_dtype(item.dtype) == np.uint8:  # byte arrays (start states): row by row
+                    for i, value in enumerate(values):
+                        out[start + i] = value
+                else:
+                    out[start:stop] = values
+            except (OSError, ValueError, TypeError) as e:
                 raise SchemaError(
                     f"{src.file.filename}: committed rows {start}-{stop} of {src.name}/{path} are "
                     f"unreadable ({e}); the file is damaged beyond repair"
