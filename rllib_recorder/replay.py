@@ -151,10 +151,11 @@ def check_spaces(run: Run, make_env: Callable[[], Any], env_name: str) -> None:
                 if not isinstance(stored, h5py.Dataset):  # nested observations: checked step by step
                     continue
                 space = env.observation_space
-                if tuple(stored.shape[1:]) != tuple(space.shape or ()) or stored.dtype != space.dtype:
+                stored_dtype = np.dtype(np.float32) if stored.attrs.get("encoding") == "affine_uint8" else stored.dtype
+                if tuple(stored.shape[1:]) != tuple(space.shape or ()) or stored_dtype != space.dtype:
                     raise ReplayError(
                         f"env {env_name} does not match the recorded spaces: it observes {space.dtype}"
-                        f"{list(space.shape or ())}, the run stored {stored.dtype}{list(stored.shape[1:])}; "
+                        f"{list(space.shape or ())}, the run stored {stored_dtype}{list(stored.shape[1:])}; "
                         "pass the env the run was recorded with (--env)")
     finally:
         env.close()

@@ -132,6 +132,7 @@ def open_for_append(path: str, attrs: Mapping[str, Any]) -> h5py.File:
         h5.flush()
     else:
         validate_header(h5, path)
+        _finish_float_rewrites(h5)
         if uncommitted_rows(h5):
             # Truncating in place would rewrite chunks and variable-length heaps that a
             # killed writer may have left half-written: copy the committed rows instead.

@@ -33,7 +33,8 @@ def recorded_cartpole(ray_session, tmp_path_factory):
     config = (
         PPOConfig().environment("CartPole-v1").env_runners(num_env_runners=1)
         .training(train_batch_size=200, minibatch_size=100, num_epochs=1)
-        .callbacks(RecorderCallback.configured(output_dir=str(out)))
+        # every sample its own chunk: episodes span fragments and batches (stitching is tested)
+        .callbacks(RecorderCallback.configured(output_dir=str(out), coalesce_rows=0))
     )
     algo = config.build_algo()
     for _ in range(2):
