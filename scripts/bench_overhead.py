@@ -123,6 +123,8 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
             group = algos[variant].env_runner_group
             before = group.foreach_env_runner(recorder_state, local_env_runner=False) if variant == "recorder" else None
             parts = group.foreach_env_runner(lambda r: timed_sampling(r, seconds), local_env_runner=False)
+            if len(parts) != runners:
+                raise RuntimeError(f"{variant}: an env runner died during the timed block (see the log above)")
             steps = sum(p["steps"] for p in parts)
             steps_total[variant] += steps
             rep_tp[variant] = steps / max(p["elapsed"] for p in parts)
