@@ -177,23 +177,6 @@ def committed_keys(h5: h5py.File) -> set[tuple[bytes, int]]:
     return set(zip(batches["sender_id"][()].tolist(), batches["seq"][()].tolist()))
 
 
-def repair_to_committed(h5: h5py.File) -> dict[str, int]:
-    """Truncates every column to the commit record (rows of a chunk cut short by a crash).
-
-    Returns how many rows were dropped per group path.
-    """
-    commit = read_commit(h5)
-    _finish_float_rewrites(h5)
-    dropped = _truncate_group(h5["batches"], commit["batches"], "batches")
-    for key, group in h5["agents"].items():
-        rows, frags = commit["agents"].get(key, (0, 0))
-        dropped.update(_truncate_group(group["steps"], rows, f"agents/{key}/steps"))
-        dropped.update(_truncate_group(group["fragments"], frags, f"agents/{key}/fragments"))
-    if dropped:
-        h5.flush()
-    return dropped
-
-
 def _tables(h5: h5py.File) -> list[tuple[str, int]]:
     """(group path, committed rows) of every table in the file."""
     commit = read_commit(h5)
@@ -477,20 +460,3 @@ def _finish_float_rewrites(h5: h5py.File) -> None:
             del h5[path]
         else:  # the column was deleted, the copy not yet renamed: finish
             h5.move(path, original)
-
-
-def _truncate_group(group: h5py.Group, rows: int, name: str) -> dict[str, int]:
-    dropped: dict[str, int] = {}
-
-    def visit(path: str, item: Any) -> None:
-        if isinstance(item, h5py.Dataset) and item.shape[0] != rows:
-            if item.shape[0] < rows:
-                raise SchemaError(
-                    f"{name}/{path} has {item.shape[0]} rows but {rows} are committed; "
-                    "the file is damaged beyond repair"
-                )
-            dropped[f"{name}/{path}"] = item.shape[0] - rows
-            item.resize(rows, axis=0)
-
-    group.visititems(visit)
-    return dropped
