@@ -31,7 +31,7 @@ def recorded_cartpole(ray_session, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("cartpole")
     config = (
-        PPOConfig().environment("CartPole-v1").env_runners(num_env_runners=1)
+        PPOConfig().environment("CartPole-v1").env_runners(num_env_runners=1, rollout_fragment_length=25)
         .training(train_batch_size=200, minibatch_size=100, num_epochs=1)
         # every sample its own chunk: episodes span fragments and batches (stitching is tested)
         .callbacks(RecorderCallback.configured(output_dir=str(out), coalesce_rows=0))
