@@ -94,6 +94,7 @@ class Outbox:
         self.stats = OutboxStats()
         self._next_seq = 0
         self._pending: list[Chunk] = []
+        self._pending_bytes = 0
         self._pending_since: float | None = None
         self._in_flight: OrderedDict[int, _InFlight] = OrderedDict()
 
@@ -103,11 +104,11 @@ class Outbox:
         if not self._pending:
             self._pending_since = self.clock()
         self._pending.append(chunk)
+        self.stats.rows_pending += chunk.agent_steps
+        self._pending_bytes += chunk.nbytes
         self.poll()
-        pending_rows = sum(c.agent_steps for c in self._pending)
-        self.stats.rows_pending = pending_rows
-        if (pending_rows >= self.coalesce_rows
-                or (self.coalesce_bytes and sum(c.nbytes for c in self._pending) >= self.coalesce_bytes)
+        if (self.stats.rows_pending >= self.coalesce_rows
+                or (self.coalesce_bytes and self._pending_bytes >= self.coalesce_bytes)
                 or self.clock() - self._pending_since >= self.coalesce_s):
             self.flush()
 
@@ -116,7 +117,7 @@ class Outbox:
         if not self._pending:
             return
         chunk = merge_chunks(self._pending)
-        self._pending, self._pending_since = [], None
+        self._pending, self._pending_since, self._pending_bytes = [], None, 0
         self.stats.rows_pending = 0
         if len(self._in_flight) >= self.window and not self._make_room():
             self.stats.chunks_dropped += 1
