@@ -28,6 +28,9 @@ class RecordingWriter:
     restart or a lost acknowledgement is acknowledged again but stored once.
     """
 
+    # Dead space tolerated beyond the data before a file is compacted mid-run.
+    compact_slack_bytes = 8 << 20
+
     def __init__(self, run_dir: str, run_id: str, storage: schema.StorageOptions) -> None:
         self.run_dir = run_dir
         self.run_id = run_id
@@ -41,6 +44,10 @@ class RecordingWriter:
         self._lag: Counter[int] = Counter()
         self._totals = Counter()
         self._last_error: str | None = None
+        # Dead space: files never reuse freed space while open (crash safety, see schema.StorageOptions),
+        # so a file is compacted when its dead space outgrows its data. Data = chunk storage + heap bytes.
+        self._heap: Counter[tuple[int, bool]] = Counter()
+        self._next_check: dict[tuple[int, bool], int] = {}
         os.makedirs(run_dir, exist_ok=True)
 
     def __reduce__(self) -> Any:
@@ -77,6 +84,8 @@ class RecordingWriter:
             self._last_error = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
             raise error from e
         self._committed[key].add((sender_id, seq))
+        self._heap[key] += schema.heap_bytes(chunk)
+        self._maybe_compact(key)
         self._account(chunk, time.perf_counter() - start, learner_version)
         return {"seq": seq, "duplicate": False, "rows": chunk.agent_steps}
 
@@ -102,7 +111,7 @@ class RecordingWriter:
             "files": len(self._files),
             "files_written": sorted(self._paths),
             "node": socket.gethostname(),
-            "disk_bytes": sum(_size(h5) for h5 in self._files.values()),
+            "disk_bytes": sum(_path_size(os.path.join(self.run_dir, p)) for p in self._paths),
             "policy_lag_counts": dict(self._lag),
             "runners": dict(self._sender_stats),
             "last_error": self._last_error,
@@ -111,15 +120,43 @@ class RecordingWriter:
         }
 
     def close(self) -> dict[str, Any]:
-        """Flushes and closes every file; returns the final stats."""
-        stats = self.stats()
-        for h5 in self._files.values():
+        """Flushes, closes and compacts every file; returns the final stats."""
+        for key in list(self._files):
+            h5 = self._files.pop(key)
+            path, data = h5.filename, self._data_bytes(key, h5)
             h5.flush()
             if self.storage.fsync:
                 os.fsync(h5.id.get_vfd_handle())
             h5.close()
-        self._files.clear()
-        return stats
+            # The file is final now: dead space worth a quarter of its data is worth one copy.
+            if _path_size(path) - data > max(data // 4, 1 << 20):
+                self._compact_closed(path)
+        return self.stats()
+
+    def _data_bytes(self, key: tuple[int, bool], h5: h5py.File) -> int:
+        return schema.chunk_bytes(h5) + self._heap[key]
+
+    def _maybe_compact(self, key: tuple[int, bool]) -> None:
+        h5 = self._files[key]
+        size = _size(h5)
+        if size <= self._next_check.get(key, 0):
+            return
+        data = self._data_bytes(key, h5)
+        if schema.should_compact(size, data, self.compact_slack_bytes):
+            path = h5.filename
+            h5.close()
+            del self._files[key]
+            self._compact_closed(path)
+            h5 = self._file(key)
+            size, data = _size(h5), self._data_bytes(key, h5)
+        self._next_check[key] = 2 * data + self.compact_slack_bytes
+
+    def _compact_closed(self, path: str) -> None:
+        start = time.perf_counter()
+        saved = schema.compact(path)
+        self._totals["compactions"] += 1
+        self._totals["compacted_bytes"] += saved
+        self._totals["compact_s"] += time.perf_counter() - start
 
     def _file(self, key: tuple[int, bool]) -> h5py.File:
         if key not in self._files:
@@ -127,7 +164,7 @@ class RecordingWriter:
             path = os.path.join(self.run_dir, schema.file_name(worker_index, is_evaluation))
             h5 = schema.open_for_append(path, {
                 "run_id": self.run_id, "worker_index": worker_index, "is_evaluation": is_evaluation,
-            })
+            }, self.storage.file_space)
             owner = h5.attrs.get("run_id")
             if owner != self.run_id:
                 h5.close()
@@ -136,6 +173,8 @@ class RecordingWriter:
                     "record each run into its own directory"
                 )
             self._files[key] = h5
+            # Whatever the file holds when opened counts as data (a conservative start).
+            self._heap[key] = max(0, _path_size(path) - schema.chunk_bytes(h5))
             self._paths.add(os.path.relpath(path, self.run_dir))
             self._committed[key] = schema.committed_keys(h5)
         return self._files[key]
@@ -164,8 +203,12 @@ class RecordingWriter:
 
 
 def _size(h5: h5py.File) -> int:
+    return _path_size(h5.filename)
+
+
+def _path_size(path: str) -> int:
     try:
-        return os.path.getsize(h5.filename)
+        return os.path.getsize(path)
     except OSError:
         return 0
 
