@@ -16,7 +16,7 @@ from rllib_recorder.convert import Chunk, Stream
 from rllib_recorder.errors import SchemaError
 
 FORMAT_NAME = "rllib_recorder"
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 SENDER_ID_DTYPE = np.dtype("S32")
 
 # Every name below is documented in docs/FORMAT.md (a test checks it).
