@@ -115,8 +115,7 @@ class RecordingWriter:
             "policy_lag_counts": dict(self._lag),
             "runners": dict(self._sender_stats),
             "last_error": self._last_error,
-            "senders": {os.path.basename(self._files[k].filename): len({s for s, _ in c})
-                        for k, c in self._committed.items() if k in self._files},
+            "senders": {schema.file_name(*k): len({s for s, _ in c}) for k, c in self._committed.items()},
         }
 
     def close(self) -> dict[str, Any]:
