@@ -230,7 +230,7 @@ def rewrite_committed(path: str, copy_rows: int = 1 << 16) -> dict[str, int]:
     new file replaces the old one atomically (a crash leaves one or the other).
     """
     tmp = f"{path}.rewrite-tmp"
-    with h5py.File(path, "r") as src, h5py.File(tmp, "w", fs_strategy="none") as dst:
+    with _temporary(tmp), h5py.File(path, "r") as src, h5py.File(tmp, "w", fs_strategy="none") as dst:
         validate_header(src, path)
         dropped = uncommitted_rows(src)
         dst.attrs.update(dict(src.attrs))
@@ -243,6 +243,17 @@ def rewrite_committed(path: str, copy_rows: int = 1 << 16) -> dict[str, int]:
         os.fsync(dst.id.get_vfd_handle())
     os.replace(tmp, path)
     return dropped
+
+
+@contextlib.contextmanager
+def _temporary(tmp: str) -> Iterator[None]:
+    """Removes ``tmp`` when the block fails (a full disk must not leave half a copy behind)."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
 
 
 def chunk_bytes(h5: h5py.File) -> int:
@@ -285,7 +296,7 @@ def compact(path: str) -> int:
             src.close()
             rewrite_committed(path)
             return before - os.path.getsize(path)
-        with h5py.File(tmp, "w", fs_strategy="none") as dst:
+        with _temporary(tmp), h5py.File(tmp, "w", fs_strategy="none") as dst:
             dst.attrs.update(dict(src.attrs))
             for name in src:
                 src.copy(src[name], dst, name=name)

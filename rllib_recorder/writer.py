@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import bisect
 import errno
+import gc
 import logging
 import os
 import socket
 import time
+import traceback
 from collections import Counter
 from typing import Any
 
@@ -64,7 +66,10 @@ class RecordingWriter:
         key = (worker_index, is_evaluation)
         if sender_stats is not None:
             self.report(worker_index, is_evaluation, sender_stats)
-        h5 = self._file(key)
+        try:
+            h5 = self._file(key)
+        except BaseException as e:  # e.g. repairing a file on a full disk
+            raise self._error(e, os.path.join(self.run_dir, schema.file_name(worker_index, is_evaluation))) from e
         if (sender_id, seq) in self._committed[key]:
             self._totals["duplicate_chunks"] += 1
             return {"seq": seq, "duplicate": True, "rows": 0}
@@ -77,17 +82,25 @@ class RecordingWriter:
             )
         except BaseException as e:
             # Close the file: reopening drops the rows no commit names, so a re-send is clean.
-            self._totals["errors"] += 1
             path = h5.filename
+            # Release the datasets the failed append's frames still hold before closing their file:
+            # HDF5 segfaults (H5D_close) when they are garbage-collected after a close that failed.
+            traceback.clear_frames(e.__traceback__)
+            gc.collect()
             self._close_file(key)
-            error = _clear_error(e, path)
-            self._last_error = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
-            raise error from e
+            raise self._error(e, path) from e
         self._committed[key].add((sender_id, seq))
         self._heap[key] += schema.heap_bytes(chunk)
         self._maybe_compact(key)
         self._account(chunk, time.perf_counter() - start, learner_version)
         return {"seq": seq, "duplicate": False, "rows": chunk.agent_steps}
+
+    def _error(self, error: BaseException, path: str) -> BaseException:
+        """Counts a failed append and returns the one-line error to raise."""
+        self._totals["errors"] += 1
+        error = _clear_error(error, path)
+        self._last_error = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+        return error
 
     def report(self, worker_index: int, is_evaluation: bool, sender_stats: dict[str, Any]) -> None:
         """Takes an env runner's recorder statistics without data (e.g. after errors)."""
@@ -136,23 +149,35 @@ class RecordingWriter:
         return schema.chunk_bytes(h5) + self._heap[key]
 
     def _maybe_compact(self, key: tuple[int, bool]) -> None:
+        """Compacts the file of ``key`` once its dead space outgrows its data; never raises."""
         h5 = self._files[key]
         size = _size(h5)
         if size <= self._next_check.get(key, 0):
             return
-        data = self._data_bytes(key, h5)
-        if schema.should_compact(size, data, self.compact_slack_bytes):
-            path = h5.filename
-            h5.close()
-            del self._files[key]
-            self._compact_closed(path)
-            h5 = self._file(key)
-            size, data = _size(h5), self._data_bytes(key, h5)
-        self._next_check[key] = 2 * data + self.compact_slack_bytes
+        try:
+            data = self._data_bytes(key, h5)
+            if schema.should_compact(size, data, self.compact_slack_bytes):
+                path = h5.filename
+                self._close_file(key)
+                self._compact_closed(path)
+                h5 = self._file(key)
+                data = self._data_bytes(key, h5)
+            self._next_check[key] = 2 * data + self.compact_slack_bytes
+        except Exception as e:  # the chunk is committed: its acknowledgement must not fail
+            logger.warning("rllib_recorder: could not reopen %s after compacting it (%s: %s); the next "
+                           "append reopens it", schema.file_name(*key), type(e).__name__, e)
+            self._files.pop(key, None)
 
     def _compact_closed(self, path: str) -> None:
+        """Compacts a closed file; a failure (e.g. a full disk) leaves it as it was, and is only counted."""
         start = time.perf_counter()
-        saved = schema.compact(path)
+        try:
+            saved = schema.compact(path)
+        except Exception as e:  # schema.compact removed its temporary copy
+            self._totals["compact_errors"] += 1
+            logger.warning("rllib_recorder: compacting %s failed (%s: %s); the file is intact, only larger",
+                           path, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            return
         self._totals["compactions"] += 1
         self._totals["compacted_bytes"] += saved
         self._totals["compact_s"] += time.perf_counter() - start
