@@ -41,7 +41,9 @@ def build(env: str, runners: int, mode: str, variant: str, out: str) -> Any:
     from rllib_recorder import RecorderCallback
 
     config = (
-        PPOConfig().environment(env_name(env))
+        # One seed for every variant: the same initial policy and env seeds, so the variants play the same
+        # episodes (untrained policies that differ play episodes of different lengths, and resets cost).
+        PPOConfig().environment(env_name(env)).debugging(seed=0)
         .env_runners(num_env_runners=runners, batch_mode=mode, rollout_fragment_length=FRAGMENT[env])
         .training(train_batch_size=FRAGMENT[env] * runners, minibatch_size=FRAGMENT[env], num_epochs=1)
     )

@@ -8,6 +8,7 @@ is hash noise, so compressed chunk sizes vary and HDF5 rewrites tail chunks at n
 matters).
 
     python scripts/killloop.py --kills 300 --file-space none fsm
+    python scripts/killloop.py --space          # no kills: file size (peak, final) per strategy and append size
 
 Not a test: it runs for minutes and its answer is statistical. Results go in docs/RELIABILITY.md.
 """
@@ -150,14 +151,38 @@ def _sum_storage(path: str) -> int:
     return sum(sizes)
 
 
+def space(file_space: str, rows: int, total_rows: int = 100_000) -> dict:
+    """Appends ``total_rows`` in ``rows``-row chunks without kills; the file's peak and final size."""
+    from rllib_recorder.writer import RecordingWriter
+
+    with tempfile.TemporaryDirectory(prefix="killloop-space-") as run_dir:
+        writer = RecordingWriter(run_dir, "space", schema.StorageOptions(file_space=file_space))
+        path = os.path.join(run_dir, schema.file_name(1))
+        peak = first = 0
+        for seq in range(max(1, total_rows // rows)):
+            writer.append(1, False, b"s", seq, make_chunk(first, rows))
+            first += rows
+            peak = max(peak, os.path.getsize(path))
+        stats = writer.close()
+        return {"file_space": file_space, "append_rows": rows, "rows": first, "peak_bytes": peak,
+                "final_bytes": os.path.getsize(path), "data_bytes": _sum_storage(path),
+                "compactions": stats.get("compactions", 0)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=200, help="kills per variant (stops at the first damage)")
     parser.add_argument("--rows", type=int, default=50, help="largest chunk appended, in rows")
     parser.add_argument("--file-space", nargs="+", default=["none", "fsm"], choices=["none", "fsm"])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--space", action="store_true", help="measure file growth without kills instead")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.space:
+        for rows in (50, 500, 4096):
+            for file_space in args.file_space:
+                print(json.dumps(space(file_space, rows)), flush=True)
+        return
     if args.child:
         child(args.child, args.file_space[0], args.rows)
         return
