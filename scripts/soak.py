@@ -25,7 +25,12 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=60.0)
     parser.add_argument("--out", default="soak-out")
     parser.add_argument("--sample-s", type=float, default=15.0, help="seconds between memory samples")
+    parser.add_argument("--plot", metavar="SOAK_JSON", help="only draw docs/soak_memory.png from a soak.json")
     args = parser.parse_args()
+    if args.plot:
+        plot(args.plot, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                                     "soak_memory.png"))
+        return
 
     import ray
     from ray.rllib.algorithms.ppo import PPOConfig
@@ -72,6 +77,30 @@ def main() -> None:
         json.dump(verdict, f, indent=1)
     print(json.dumps({"verify_problems": problems, "rss_growth_second_half_mib": growth}))
     ray.shutdown()
+
+
+def plot(soak_json: str, png: str) -> None:
+    """RSS of every process and steps stored over the soak's time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(soak_json) as f:
+        samples = json.load(f)["samples"]
+    minutes = [s["t_s"] / 60 for s in samples]
+    fig, (mem, steps) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    for key in sorted(k for k in samples[0] if k.endswith("_rss_mib")):
+        mem.plot(minutes, [s[key] for s in samples], label=key.replace("_rss_mib", ""))
+    mem.set_ylabel("RSS (MiB)")
+    mem.legend()
+    mem.set_title("Soak: PPO CartPole, 2 env runners, recorder defaults")
+    steps.plot(minutes, [s["env_steps"] / 1000 for s in samples], color="black")
+    steps.set_ylabel("env steps stored (thousands)")
+    steps.set_xlabel("minutes")
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    print(f"wrote {png}")
 
 
 if __name__ == "__main__":
