@@ -96,9 +96,9 @@ _ENCODINGS = ((np.float32(1 / 128), np.float32(-1.0)), (np.float32(1 / 255), np.
 MAX_CHUNK_ROWS = 4096
 
 
-def file_name(worker_index: int, is_evaluation: bool = False) -> str:
-    """The file name of one env runner's data inside a run directory."""
-    return f"{'eval-' if is_evaluation else ''}worker-{worker_index:03d}.h5"
+def file_name(worker_index: int, is_evaluation: bool = False, tag: str = "") -> str:
+    """The file name of one env runner's data inside a run directory (``tag``: the writer's node, if not the driver's)."""
+    return f"{'eval-' if is_evaluation else ''}worker-{worker_index:03d}{'.' + tag if tag else ''}.h5"
 
 
 def check_version(found: Any, where: str) -> None:

@@ -28,10 +28,11 @@ class RecordingWriter:
     restart or a lost acknowledgement is acknowledged again but stored once.
     """
 
-    def __init__(self, run_dir: str, run_id: str, storage: schema.StorageOptions) -> None:
+    def __init__(self, run_dir: str, run_id: str, storage: schema.StorageOptions, file_tag: str = "") -> None:
         self.run_dir = run_dir
         self.run_id = run_id
         self.storage = storage
+        self.file_tag = file_tag
         # (wall time, learner version) as told by the driver, oldest first.
         self._versions: list[tuple[float, int]] = []
         self._files: dict[tuple[int, bool], h5py.File] = {}
@@ -41,7 +42,7 @@ class RecordingWriter:
         self._lag: Counter[int] = Counter()
         self._totals = Counter()
         self._last_error: str | None = None
-        os.makedirs(run_dir, exist_ok=True)
+        os.makedirs(run_dir, exist_ok=True)  # on a node whose output_dir is node-local, the driver made none
 
     def __reduce__(self) -> Any:
         raise TypeError(
@@ -124,7 +125,7 @@ class RecordingWriter:
     def _file(self, key: tuple[int, bool]) -> h5py.File:
         if key not in self._files:
             worker_index, is_evaluation = key
-            path = os.path.join(self.run_dir, schema.file_name(worker_index, is_evaluation))
+            path = os.path.join(self.run_dir, schema.file_name(worker_index, is_evaluation, self.file_tag))
             h5 = schema.open_for_append(path, {
                 "run_id": self.run_id, "worker_index": worker_index, "is_evaluation": is_evaluation,
             })
