@@ -167,7 +167,7 @@ class RunRecorder:
         totals["unacked_at_stop"] = sum(d.get("unacked", 0) for d in drains)
         self.manifest.update(
             status="finished", finished_at=now_iso(), totals=totals,
-            files=self.pool.placement(writer_stats), writer_nodes=_writer_nodes(self.pool),
+            files=self.pool.placement(), writer_nodes=_writer_nodes(self.pool),
             nodes=sorted({s.get("node") for s in writer_stats if s.get("node")}),
         )
         write_manifest(self.run_dir, self.manifest)

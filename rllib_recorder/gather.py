@@ -105,7 +105,7 @@ def copy_file(reader: "FileReader", path: str, progress: Callable[[str, int], No
             os.fsync(f.fileno())
         if offset == size and digest.hexdigest() == sha256:
             os.replace(part, path)
-            how = f"copied {size - resumed} bytes from {reader.source.where()}"
+            how = f"copied {size - resumed} bytes from {reader.where()}"
             return how + (f" (resumed at byte {resumed})" if resumed else ""), checked
     os.remove(part)
     raise GatherError(f"the copy of {reader.source.name} does not match its source on {reader.source.where()} "
@@ -119,6 +119,11 @@ class FileReader:
         self.source = source
         self.path = path
         self.node_id = node_id
+
+    def where(self) -> str:
+        if self.node_id is not None or self.source.node_id is None:
+            return self.source.where()
+        return f"the run directory here (its {self.source.where()} is not in the cluster)"
 
     def digest(self) -> tuple[int, str]:
         if self.node_id is None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import glob
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,6 +110,7 @@ class WriterPool:
         self.names: list[str] = []
         self.actors: list[Any] = []
         self.actor_nodes: list[str] = []
+        self._files_seen: dict[int, set[str]] = {}  # writer -> files it reported
         self.ensure_nodes([driver_node_id])
 
     def ensure_nodes(self, node_ids: list[str]) -> bool:
@@ -140,12 +143,23 @@ class WriterPool:
             out.setdefault(node_id, []).append(name)
         return {k: tuple(v) for k, v in out.items()}
 
-    def placement(self, writer_stats: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        """file name -> the node holding it (node_id, node_ip, hostname, node_index), from writer stats."""
+    def placement(self) -> dict[str, dict[str, Any]]:
+        """file name -> the node holding it (node_id, node_ip, hostname, node_index).
+
+        From what writers reported, and from the run directory here, so that the files of a writer
+        lost with its node are still listed when they are readable here (a shared file system).
+        """
         files = {}
-        for node_id, stats in zip(self.actor_nodes, writer_stats):
-            for name in stats.get("files_written", []):
-                files[name] = dict(self.node_info[node_id])
+        for i, names in self._files_seen.items():
+            for name in names:
+                files[name] = dict(self.node_info[self.actor_nodes[i]])
+        # Files in the run directory here (all of them on a shared file system): their tag names their node.
+        by_tag = {file_tag(index): node_id for node_id, index in self.node_index.items()}
+        for path in glob.glob(os.path.join(self.run_dir, "*.h5")):
+            name = os.path.basename(path)
+            tag = name[:-len(".h5")].rpartition(".")[2] if name.count(".") > 1 else ""
+            if name not in files and tag in by_tag:
+                files[name] = dict(self.node_info[by_tag[tag]])
         return dict(sorted(files.items()))
 
     def set_learner_version(self, version: int, at_s: float | None = None) -> None:
@@ -165,9 +179,10 @@ class WriterPool:
     def _gather(self, method: str, timeout_s: float) -> list[dict[str, Any]]:
         refs = [getattr(w, method).remote() for w in self.actors]
         out = []
-        for name, ref in zip(self.names, refs):
+        for i, (name, ref) in enumerate(zip(self.names, refs)):
             try:
                 out.append(ray.get(ref, timeout=timeout_s))
+                self._files_seen.setdefault(i, set()).update(out[-1].get("files_written", []))
             except Exception as e:  # one unreachable writer must not hide the others
                 logger.warning("rllib_recorder: %s.%s failed: %s: %s", name, method, type(e).__name__, e)
                 out.append({"errors": 1, "unreachable": 1})
