@@ -43,9 +43,8 @@ def record(out: str, cluster: Cluster, nodes: list) -> dict:
     cluster.remove_node(lost)
     for _ in range(6):  # RLlib notices the lost runner, then recreates it on the new node
         results.append(algo.train())
-        if results[-1]["fault_tolerance"]["num_remote_worker_restarts"] and len(results) > 2:
-            break
-    results.append(algo.train())
+        if results[-1]["fault_tolerance"]["num_remote_worker_restarts"]:
+            break  # recreated at the start of this iteration, and it sampled in it
     runners = runner_nodes(algo)
     with open(os.path.join(run_dir, "manifest.json")) as f:
         manifest = json.load(f)
