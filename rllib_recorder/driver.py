@@ -93,7 +93,7 @@ class RunRecorder:
         if self.learner_version >= 0:  # in effect since then; writers that know it already ignore it
             self.pool.set_learner_version(self.learner_version, self.learner_version_since)
         self.binding = self._binding()
-        self.manifest["writer_nodes"] = _writer_nodes(self.pool)
+        self.manifest["writer_nodes"] = self.pool.writer_nodes()
         write_manifest(self.run_dir, self.manifest)
 
     def _binding(self) -> Binding:
@@ -167,7 +167,7 @@ class RunRecorder:
         totals["unacked_at_stop"] = sum(d.get("unacked", 0) for d in drains)
         self.manifest.update(
             status="finished", finished_at=now_iso(), totals=totals,
-            files=self.pool.placement(), writer_nodes=_writer_nodes(self.pool),
+            files=self.pool.placement(), writer_nodes=self.pool.writer_nodes(),
             nodes=sorted({s.get("node") for s in writer_stats if s.get("node")}),
         )
         write_manifest(self.run_dir, self.manifest)
@@ -262,12 +262,6 @@ def tune_names(algorithm: Any) -> tuple[str | None, str | None]:
 
 def config_is_new_stack(algorithm: Any) -> bool:
     return bool(algorithm.config.enable_env_runner_and_connector_v2)
-
-
-def _writer_nodes(pool: WriterPool) -> dict[str, dict[str, Any]]:
-    """node index -> the node's id, IP and hostname, for every node with writers."""
-    return {str(info["node_index"]): {k: v for k, v in info.items() if k != "node_index"}
-            for info in pool.node_info.values()}
 
 
 def _learner_version(result: dict[str, Any]) -> int | None:

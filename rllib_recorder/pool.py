@@ -15,6 +15,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rllib_recorder import schema
 from rllib_recorder.config import RecorderConfig
 from rllib_recorder.convert import Chunk
+from rllib_recorder.manifest import place_files
 from rllib_recorder.writer import RecordingWriter
 
 logger = logging.getLogger(__name__)
@@ -23,15 +24,6 @@ logger = logging.getLogger(__name__)
 def writer_name(run_id: str, index: int, node_index: int = 0) -> str:
     """The Ray actor name of writer ``index`` on node ``node_index`` (0: the driver's node) of run ``run_id``."""
     return f"rllib_recorder:{run_id}:node-{node_index}:writer-{index}"
-
-
-def file_tag(node_index: int) -> str:
-    """The tag in the names of files written on node ``node_index``: none on the driver's node.
-
-    A file name is unique over the whole run, so node-local directories gather into one
-    without clashes, and a runner restarted on another node never shares a file with its old writer.
-    """
-    return f"node{node_index}" if node_index else ""
 
 
 def current_node_id() -> str:
@@ -133,7 +125,7 @@ class WriterPool:
                     max_task_retries=0, max_concurrency=1,
                     # soft only for a node already gone: its runners are gone too
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=node_id not in alive),
-                ).remote(self.run_dir, self.run_id, storage_options(self.config), file_tag(index)))
+                ).remote(self.run_dir, self.run_id, storage_options(self.config), schema.node_tag(index)))
         return True
 
     def node_writers(self) -> dict[str, tuple[str, ...]]:
@@ -154,13 +146,16 @@ class WriterPool:
             for name in names:
                 files[name] = dict(self.node_info[self.actor_nodes[i]])
         # Files in the run directory here (all of them on a shared file system): their tag names their node.
-        by_tag = {file_tag(index): node_id for node_id, index in self.node_index.items()}
-        for path in glob.glob(os.path.join(self.run_dir, "*.h5")):
-            name = os.path.basename(path)
-            tag = name[:-len(".h5")].rpartition(".")[2] if name.count(".") > 1 else ""
-            if name not in files and tag in by_tag:
-                files[name] = dict(self.node_info[by_tag[tag]])
+        here = [os.path.basename(p) for p in glob.glob(os.path.join(self.run_dir, "*.h5"))]
+        for name, node in place_files(here, self.writer_nodes()).items():
+            if node and name not in files:
+                files[name] = node
         return dict(sorted(files.items()))
+
+    def writer_nodes(self) -> dict[str, dict[str, str]]:
+        """node index -> the node's id, IP and hostname, for every node with writers (the manifest's form)."""
+        return {str(info["node_index"]): {k: v for k, v in info.items() if k != "node_index"}
+                for info in self.node_info.values()}
 
     def set_learner_version(self, version: int, at_s: float | None = None) -> None:
         at_s = time.time() if at_s is None else at_s
