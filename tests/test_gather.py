@@ -104,3 +104,14 @@ def test_gather_errors_are_one_line_with_exit_2(ray_session, recorded_cartpole, 
     message = gather(gone, tmp_path / "out2")
     assert f"node {'ab' * 28} (10.0.0.9, lost-host)" in message and "ray start --address" in message
     assert "worker-002.node1.h5 is not here" in CliRunner().invoke(main, ["verify", str(gone)]).output
+
+
+def test_format_doc_names_every_placement_field(ray_session, recorded_cartpole, tmp_path):
+    target = str(tmp_path / "gathered")
+    gather_run(recorded_cartpole, target)
+    doc = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "FORMAT.md")).read()
+    source, gathered = read_manifest(recorded_cartpole), read_manifest(target)
+    names = {*source, *gathered, *gathered["gathered_from"], *source["writer_nodes"]["0"],
+             *source["files"]["worker-001.h5"], *gathered["files"]["worker-001.h5"]}
+    for name in names:
+        assert f"`{name}`" in doc or f".{name}`" in doc or f'"{name}"' in doc, name
