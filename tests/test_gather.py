@@ -115,3 +115,16 @@ def test_format_doc_names_every_placement_field(ray_session, recorded_cartpole, 
              *source["files"]["worker-001.h5"], *gathered["files"]["worker-001.h5"]}
     for name in names:
         assert f"`{name}`" in doc or f".{name}`" in doc or f'"{name}"' in doc, name
+
+
+def test_a_file_whose_node_left_is_copied_from_here_when_readable(ray_session, recorded_cartpole, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(recorded_cartpole, run)
+    manifest = read_manifest(str(run))
+    files = {"worker-001.h5": {**manifest["files"]["worker-001.h5"], "node_id": "cd" * 28}}
+    write_manifest(str(run), {**manifest, "files": files})
+    result = CliRunner().invoke(main, ["gather", str(run), "--to", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert f"from the run directory here (its node {'cd' * 28}" in result.output
+    assert verify_run(str(tmp_path / "out")) == []
+    assert_same_run(recorded_cartpole, str(tmp_path / "out"))
