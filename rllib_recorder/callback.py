@@ -27,8 +27,9 @@ class RecorderCallback(RLlibCallback):
     runner (again when RLlib recreates a failed runner). What happens where:
 
     * ``on_algorithm_init`` (algorithm process): checks the output dir, creates the
-      run directory and manifest, starts the pool of writer actors, connects every
-      env runner to its writer, and hooks ``Algorithm.cleanup`` so that
+      run directory and manifest, asks every env runner for its Ray node, starts
+      the writer actors on each of those nodes, connects every env runner to a
+      writer on its own node, and hooks ``Algorithm.cleanup`` so that
       ``algo.stop()`` (and the end of a Tune trial) drains every runner, closes
       every file and marks the manifest finished. Bad settings raise here.
     * ``on_episode_start`` (each env runner, new API stack, single agent): captures the
@@ -43,7 +44,8 @@ class RecorderCallback(RLlibCallback):
       version and adds ``result["recorder"]`` (steps and bytes stored, chunks in
       flight, sampler wait, drops, errors, policy lag); with
       ``fail_on_error=True`` it raises there once any error was counted.
-    * ``on_env_runners_recreated``: connects the recreated runners.
+    * ``on_env_runners_recreated``: connects the recreated runners, to writers on
+      their (possibly new) nodes, started there first if needed.
     """
 
     recorder_config: RecorderConfig = RecorderConfig()

@@ -1,4 +1,4 @@
-"""The rllib-recorder command line: train a YAML experiment, show, verify, replay, export and plot a run."""
+"""The rllib-recorder command line: train a YAML experiment, show, verify, replay, export, plot and gather a run."""
 
 from __future__ import annotations
 
@@ -221,6 +221,45 @@ def recover(run_dir: str) -> None:
     for name, done in report["files"].items():
         click.echo(f"{name}: {done}")
     click.echo(f"recovered: {run_dir} holds {report['env_steps']} env steps, status {report['status']}")
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path())
+@click.option("--to", "target", required=True, type=click.Path(file_okay=False), help="Directory to gather into.")
+@click.option("--address", default=None, help="Ray cluster to read the nodes through (default: RAY_ADDRESS or "
+              "the running local cluster; without one, files readable here are copied directly).")
+def gather(run_dir: str, target: str, address: str | None) -> None:
+    """Copy a RUN_DIR whose files sit on several nodes into one directory (--to), checked by size and sha256.
+
+    Run it on the driver's machine while the cluster is up: each file is read by a Ray task on the node
+    that wrote it and streamed here. Re-running it continues an interrupted gather.
+    Example: rllib-recorder gather recordings/<run> --to /data/<run>
+    """
+    from rllib_recorder.gather import gather_run
+
+    _connect_ray(address)
+    with _progress() as bar:
+        task = bar.add_task("gathering (bytes)", total=None)
+        done = _guard(lambda: gather_run(run_dir, target, progress=lambda name, n: bar.advance(task, n)))
+    for name, what in done.items():
+        click.echo(f"{name}: {what}")
+    click.echo(f"gathered: {target} holds the run's {len(done)} file(s); check it with 'rllib-recorder verify {target}'")
+
+
+def _connect_ray(address: str | None) -> None:
+    """Joins the given (or running) Ray cluster; without one, gather copies the files it can read here."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    try:
+        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto", log_to_driver=False,
+                 logging_level="ERROR", configure_logging=False)
+    except (ConnectionError, RuntimeError) as e:
+        if address:
+            click.echo(f"error: cannot join the Ray cluster at {address} ({e}); check the address "
+                       "(the head's GCS address, e.g. 10.0.0.1:6379)", err=True)
+            sys.exit(2)
 
 
 def _guard(fn: Any) -> Any:

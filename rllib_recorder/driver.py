@@ -16,8 +16,8 @@ import ray
 from rllib_recorder.config import RecorderConfig
 from rllib_recorder.errors import OutputDirError, RecorderError
 from rllib_recorder.manifest import now_iso, versions, write_manifest
-from rllib_recorder.pool import Binding, WriterPool
-from rllib_recorder.runner import bind_env_runner, drain_env_runner, recorder_for
+from rllib_recorder.pool import Binding, WriterPool, current_node_id
+from rllib_recorder.runner import bind_env_runner, drain_env_runner, recorder_for, runner_node_id
 
 logger = logging.getLogger(__name__)
 
@@ -59,36 +59,55 @@ class RunRecorder:
         self.run_id = uuid.uuid4().hex[:16]
         self.closed = False
         self.learner_version = -1
+        self.learner_version_since = time.time()
         self.errors: Counter[str] = Counter()
         self._rate_base: tuple[float, int, int, int] | None = None
         self.manifest = self._initial_manifest(algorithm)
         write_manifest(self.run_dir, self.manifest)
-        self.pool = WriterPool(self.run_id, self.run_dir, config)
-        self.binding = Binding(
-            run_id=self.run_id, run_dir=self.run_dir, namespace=ray.get_runtime_context().namespace,
-            num_writers=config.num_writers, config=config,
-        )
+        self.pool = WriterPool(self.run_id, self.run_dir, config, current_node_id())
         if config_is_new_stack(algorithm):
             self.learner_version = 0  # RLlib's learners start at weights_seq_no 0
-            self.pool.set_learner_version(0)
+        self._writers_added()
         for group, _ in self._groups(algorithm):
             self.bind(group)
         self._install_stop_hook(algorithm)
         logger.info("rllib_recorder: recording into %s", self.run_dir)
 
     def bind(self, group: Any, indices: list[int] | None = None) -> None:
-        """Connects the env runners of ``group`` (or just ``indices``) to their writers."""
+        """Connects the env runners of ``group`` (or just ``indices``) to writers on their own nodes.
+
+        Asks the runners for their nodes first and starts writers on any node that has none yet
+        (a restarted runner may come back on another node).
+        """
+        local = indices is None
+        nodes = group.foreach_env_runner(runner_node_id, local_env_runner=local, remote_worker_ids=indices)
+        if self.pool.ensure_nodes([n for n in nodes if isinstance(n, str)]):
+            self._writers_added()
         group.foreach_env_runner(
             functools.partial(bind_env_runner, binding=self.binding),
-            local_env_runner=indices is None, remote_worker_ids=indices,
+            local_env_runner=local, remote_worker_ids=indices,
+        )
+
+    def _writers_added(self) -> None:
+        """New writers: tell them the learner's version, re-address the runners, note the nodes."""
+        if self.learner_version >= 0:  # in effect since then; writers that know it already ignore it
+            self.pool.set_learner_version(self.learner_version, self.learner_version_since)
+        self.binding = self._binding()
+        self.manifest["writer_nodes"] = self.pool.writer_nodes()
+        write_manifest(self.run_dir, self.manifest)
+
+    def _binding(self) -> Binding:
+        return Binding(
+            run_id=self.run_id, run_dir=self.run_dir, namespace=ray.get_runtime_context().namespace,
+            num_writers=self.config.num_writers, config=self.config, node_writers=self.pool.node_writers(),
         )
 
     def on_train_result(self, result: dict[str, Any]) -> None:
         """Tells writers the learner's version and adds ``result['recorder']``."""
         version = _learner_version(result)
         if version is not None and version != self.learner_version:
-            self.learner_version = version
-            self.pool.set_learner_version(version)
+            self.learner_version, self.learner_version_since = version, time.time()
+            self.pool.set_learner_version(version, self.learner_version_since)
         result["recorder"] = self.metrics(self.pool.stats(), result)
         errors = result["recorder"]["errors"]
         if self.config.fail_on_error and errors:
@@ -150,7 +169,7 @@ class RunRecorder:
         totals["unacked_at_stop"] = sum(d.get("unacked", 0) for d in drains)
         self.manifest.update(
             status="finished", finished_at=now_iso(), totals=totals,
-            files=sorted(f for s in writer_stats for f in s.get("files_written", [])),
+            files=self.pool.placement(), writer_nodes=self.pool.writer_nodes(),
             nodes=sorted({s.get("node") for s in writer_stats if s.get("node")}),
         )
         write_manifest(self.run_dir, self.manifest)

@@ -31,3 +31,7 @@ class ReplayError(RecorderError):
 
 class ExportError(RecorderError):
     """A run cannot be exported to the asked format."""
+
+
+class GatherError(RecorderError):
+    """A run cannot be gathered into one directory (a node is gone, the target holds another run, ...)."""

@@ -60,10 +60,22 @@ def verify_run(run_dir: str) -> list[str]:
         if run.manifest.get("status") not in ("finished", "recovered"):
             problems.append(f"manifest status is {run.manifest.get('status')!r}, not 'finished' "
                             "(run 'rllib-recorder recover' if its driver was killed)")
+        problems += _missing_files(run)
         for f in run.files:
             with schema.damaged_file_errors(f.path):
                 problems += [f"{os.path.basename(f.path)}: {p}" for p in _verify_file(f)]
     return problems
+
+
+def _missing_files(run: Any) -> list[str]:
+    """Files the manifest lists that are not in the run directory here (written on another node)."""
+    files = run.manifest.get("files")
+    here = {os.path.basename(f.path) for f in run.files}
+    if not isinstance(files, dict):
+        return []
+    return [f"{name} is not here: it was written on node {info.get('node_id')} ({info.get('node_ip')}, "
+            f"{info.get('hostname')}); collect the run with 'rllib-recorder gather {run.path} --to DIR'"
+            for name, info in sorted(files.items()) if name not in here]
 
 
 def _verify_file(f: Any) -> list[str]:

@@ -58,3 +58,16 @@ def read_manifest(run_dir: str) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != "rllib_recorder":
         raise SchemaError(f"{path} is not an rllib_recorder manifest")
     return manifest
+
+
+def place_files(names: list[str], writer_nodes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """file name -> the node that wrote it (node_id, node_ip, hostname, node_index), read from the node tag
+    in its name and the manifest's ``writer_nodes``; {} for a file of an unknown node."""
+    from rllib_recorder.schema import file_tag_of, node_tag
+
+    index_of = {node_tag(int(i)): i for i in writer_nodes}
+    placed = {}
+    for name in sorted(names):
+        index = index_of.get(file_tag_of(name))
+        placed[name] = {**writer_nodes[index], "node_index": int(index)} if index is not None else {}
+    return placed

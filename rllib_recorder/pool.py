@@ -3,24 +3,42 @@
 from __future__ import annotations
 
 import concurrent.futures
+import glob
 import logging
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rllib_recorder import schema
 from rllib_recorder.config import RecorderConfig
 from rllib_recorder.convert import Chunk
+from rllib_recorder.manifest import place_files
 from rllib_recorder.writer import RecordingWriter
 
 logger = logging.getLogger(__name__)
 
 
-def writer_name(run_id: str, index: int) -> str:
-    """The Ray actor name of writer ``index`` of run ``run_id``."""
-    return f"rllib_recorder:{run_id}:writer-{index}"
+def writer_name(run_id: str, index: int, node_index: int = 0) -> str:
+    """The Ray actor name of writer ``index`` on node ``node_index`` (0: the driver's node) of run ``run_id``."""
+    return f"rllib_recorder:{run_id}:node-{node_index}:writer-{index}"
+
+
+def current_node_id() -> str:
+    """The Ray node id of the calling process."""
+    return ray.get_runtime_context().get_node_id()
+
+
+def alive_nodes() -> dict[str, dict[str, str]]:
+    """node id -> {node_id, node_ip, hostname} of every alive node of the Ray cluster."""
+    return {
+        n["NodeID"]: {"node_id": n["NodeID"], "node_ip": n.get("NodeManagerAddress", ""),
+                      "hostname": n.get("NodeManagerHostname", "")}
+        for n in ray.nodes() if n.get("Alive")
+    }
 
 
 def assign_writer(worker_index: int, is_evaluation: bool, num_writers: int) -> int:
@@ -49,31 +67,101 @@ class Binding:
     namespace: str
     num_writers: int
     config: RecorderConfig
+    # node id -> names of the writers on that node; the first entry is the driver's node
+    node_writers: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def writer_for(self, node_id: str, worker_index: int, is_evaluation: bool) -> str:
+        """The writer of env runner ``worker_index`` running on ``node_id``: one on its own node.
+
+        A node without writers (a runner that moved after the driver last looked) falls back
+        to the driver's node: the data then crosses the network, but none is lost.
+        """
+        names = self.node_writers.get(node_id)
+        if not names:
+            logger.warning("rllib_recorder: no writer on node %s yet; env runner %d writes through the "
+                           "driver's node", node_id, worker_index)
+            names = next(iter(self.node_writers.values()))
+        return names[assign_writer(worker_index, is_evaluation, len(names))]
 
 
 class WriterPool:
-    """Creates and addresses the named writer actors of one run.
+    """Creates and addresses the named writer actors of one run: ``num_writers`` on every node with runners.
 
-    Writers reserve no CPU: on a small machine the env runners may hold every CPU,
-    and an actor waiting for a whole-CPU reservation would deadlock the run.
+    Each writer is pinned to its node (``NodeAffinitySchedulingStrategy``, not soft), so observations are
+    written where they were sampled and never cross the network; every node writes into its own
+    ``run_dir`` (the same path on every node; a shared file system works the same). Writers reserve
+    no CPU: on a small machine the env runners may hold every CPU, and an actor waiting for a
+    whole-CPU reservation would deadlock the run.
     """
 
-    def __init__(self, run_id: str, run_dir: str, config: RecorderConfig) -> None:
+    def __init__(self, run_id: str, run_dir: str, config: RecorderConfig, driver_node_id: str) -> None:
         self.run_id = run_id
-        self.names = [writer_name(run_id, i) for i in range(config.num_writers)]
-        actor_cls = ray.remote(RecordingWriter)
-        self.actors = [
-            actor_cls.options(
-                name=name, num_cpus=0, max_restarts=config.writer_max_restarts,
-                max_task_retries=0, max_concurrency=1,
-            ).remote(run_dir, run_id, storage_options(config))
-            for name in self.names
-        ]
+        self.run_dir = run_dir
+        self.config = config
+        self.node_index: dict[str, int] = {}
+        self.node_info: dict[str, dict[str, str]] = {}
+        self.names: list[str] = []
+        self.actors: list[Any] = []
+        self.actor_nodes: list[str] = []
+        self._files_seen: dict[int, set[str]] = {}  # writer -> files it reported
+        self.ensure_nodes([driver_node_id])
 
-    def set_learner_version(self, version: int) -> None:
-        now = time.time()
+    def ensure_nodes(self, node_ids: list[str]) -> bool:
+        """Starts writers on each node of ``node_ids`` that has none yet; True if any was started."""
+        new = [n for n in dict.fromkeys(node_ids) if n and n not in self.node_index]
+        if not new:
+            return False
+        alive = alive_nodes()
+        actor_cls = ray.remote(RecordingWriter)
+        for node_id in new:
+            index = len(self.node_index)
+            self.node_index[node_id] = index
+            self.node_info[node_id] = {**alive.get(node_id, {"node_id": node_id}), "node_index": index}
+            for i in range(self.config.num_writers):
+                name = writer_name(self.run_id, i, index)
+                self.names.append(name)
+                self.actor_nodes.append(node_id)
+                self.actors.append(actor_cls.options(
+                    name=name, num_cpus=0, max_restarts=self.config.writer_max_restarts,
+                    max_task_retries=0, max_concurrency=1,
+                    # soft only for a node already gone: its runners are gone too
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=node_id not in alive),
+                ).remote(self.run_dir, self.run_id, storage_options(self.config), schema.node_tag(index)))
+        return True
+
+    def node_writers(self) -> dict[str, tuple[str, ...]]:
+        """node id -> writer names on it, the driver's node first."""
+        out: dict[str, list[str]] = {}
+        for name, node_id in zip(self.names, self.actor_nodes):
+            out.setdefault(node_id, []).append(name)
+        return {k: tuple(v) for k, v in out.items()}
+
+    def placement(self) -> dict[str, dict[str, Any]]:
+        """file name -> the node holding it (node_id, node_ip, hostname, node_index).
+
+        From what writers reported, and from the run directory here, so that the files of a writer
+        lost with its node are still listed when they are readable here (a shared file system).
+        """
+        files = {}
+        for i, names in self._files_seen.items():
+            for name in names:
+                files[name] = dict(self.node_info[self.actor_nodes[i]])
+        # Files in the run directory here (all of them on a shared file system): their tag names their node.
+        here = [os.path.basename(p) for p in glob.glob(os.path.join(self.run_dir, "*.h5"))]
+        for name, node in place_files(here, self.writer_nodes()).items():
+            if node and name not in files:
+                files[name] = node
+        return dict(sorted(files.items()))
+
+    def writer_nodes(self) -> dict[str, dict[str, str]]:
+        """node index -> the node's id, IP and hostname, for every node with writers (the manifest's form)."""
+        return {str(info["node_index"]): {k: v for k, v in info.items() if k != "node_index"}
+                for info in self.node_info.values()}
+
+    def set_learner_version(self, version: int, at_s: float | None = None) -> None:
+        at_s = time.time() if at_s is None else at_s
         for writer_actor in self.actors:
-            writer_actor.set_learner_version.remote(version, now)
+            writer_actor.set_learner_version.remote(version, at_s)
 
     def stats(self, timeout_s: float = 10.0) -> list[dict[str, Any]]:
         return self._gather("stats", timeout_s)
@@ -87,9 +175,10 @@ class WriterPool:
     def _gather(self, method: str, timeout_s: float) -> list[dict[str, Any]]:
         refs = [getattr(w, method).remote() for w in self.actors]
         out = []
-        for name, ref in zip(self.names, refs):
+        for i, (name, ref) in enumerate(zip(self.names, refs)):
             try:
                 out.append(ray.get(ref, timeout=timeout_s))
+                self._files_seen.setdefault(i, set()).update(out[-1].get("files_written", []))
             except Exception as e:  # one unreachable writer must not hide the others
                 logger.warning("rllib_recorder: %s.%s failed: %s: %s", name, method, type(e).__name__, e)
                 out.append({"errors": 1, "unreachable": 1})
@@ -107,8 +196,8 @@ class RayTransport:
     def __init__(self, binding: Binding, worker_index: int, is_evaluation: bool) -> None:
         self.worker_index = worker_index
         self.is_evaluation = is_evaluation
-        index = assign_writer(worker_index, is_evaluation, binding.num_writers)
-        self.writer_actor = ray.get_actor(writer_name(binding.run_id, index), namespace=binding.namespace)
+        self.writer_name = binding.writer_for(current_node_id(), worker_index, is_evaluation)
+        self.writer_actor = ray.get_actor(self.writer_name, namespace=binding.namespace)
         self._futures: dict[Any, concurrent.futures.Future] = {}
 
     def send(self, sender_id: bytes, seq: int, chunk: Chunk, stats: dict[str, Any]) -> Any:

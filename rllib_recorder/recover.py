@@ -10,7 +10,7 @@ import h5py
 
 from rllib_recorder import schema
 from rllib_recorder.errors import SchemaError
-from rllib_recorder.manifest import now_iso, read_manifest, write_manifest
+from rllib_recorder.manifest import now_iso, place_files, read_manifest, write_manifest
 
 RECOVERED = "recovered"
 
@@ -41,7 +41,8 @@ def recover_run(run_dir: str) -> dict[str, Any]:
     if unfinished:
         manifest.update(
             status=RECOVERED, recovered_at=now_iso(), finished_at=manifest.get("finished_at") or now_iso(),
-            files=sorted(n for n, f in files.items() if not f.get("renamed_to")),
+            files=place_files([n for n, f in files.items() if not f.get("renamed_to")],
+                              manifest.get("writer_nodes") or {}),
             recovery={k: v for k, v in report.items() if k != "run_dir"},
         )
         write_manifest(run_dir, manifest)

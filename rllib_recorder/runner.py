@@ -39,6 +39,13 @@ def bind_env_runner(env_runner: Any, binding: Binding) -> dict[str, Any]:
     return {"worker_index": recorder.worker_index, "is_evaluation": recorder.is_evaluation}
 
 
+def runner_node_id(env_runner: Any) -> str:
+    """Run on each env runner by the driver: the Ray node it runs on."""
+    from rllib_recorder.pool import current_node_id
+
+    return current_node_id()
+
+
 def drain_env_runner(env_runner: Any, timeout_s: float) -> dict[str, Any]:
     """Run on each env runner when the algorithm stops: send and await everything held."""
     recorder = _RECORDERS.get(env_runner)

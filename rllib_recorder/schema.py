@@ -101,9 +101,24 @@ _ENCODINGS = ((np.float32(1 / 128), np.float32(-1.0)), (np.float32(1 / 255), np.
 MAX_CHUNK_ROWS = 4096
 
 
-def file_name(worker_index: int, is_evaluation: bool = False) -> str:
-    """The file name of one env runner's data inside a run directory."""
-    return f"{'eval-' if is_evaluation else ''}worker-{worker_index:03d}.h5"
+def file_name(worker_index: int, is_evaluation: bool = False, tag: str = "") -> str:
+    """The file name of one env runner's data inside a run directory (``tag``: the writer's node, if not the driver's)."""
+    return f"{'eval-' if is_evaluation else ''}worker-{worker_index:03d}{'.' + tag if tag else ''}.h5"
+
+
+def node_tag(node_index: int) -> str:
+    """The tag in the names of files written on node ``node_index`` of a run: none on the driver's node (0).
+
+    File names are unique over the whole run, so node-local directories gather into one without clashes,
+    and a runner restarted on another node never shares a file with its old writer.
+    """
+    return f"node{node_index}" if node_index else ""
+
+
+def file_tag_of(name: str) -> str:
+    """The node tag in a file name made by ``file_name`` ('' when it has none)."""
+    stem = name[: -len(".h5")] if name.endswith(".h5") else name
+    return stem.rpartition(".")[2] if "." in stem else ""
 
 
 def check_version(found: Any, where: str) -> None:

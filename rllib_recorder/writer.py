@@ -33,10 +33,11 @@ class RecordingWriter:
     # Dead space tolerated beyond the data before a file is compacted mid-run.
     compact_slack_bytes = 8 << 20
 
-    def __init__(self, run_dir: str, run_id: str, storage: schema.StorageOptions) -> None:
+    def __init__(self, run_dir: str, run_id: str, storage: schema.StorageOptions, file_tag: str = "") -> None:
         self.run_dir = run_dir
         self.run_id = run_id
         self.storage = storage
+        self.file_tag = file_tag
         # (wall time, learner version) as told by the driver, oldest first.
         self._versions: list[tuple[float, int]] = []
         self._files: dict[tuple[int, bool], h5py.File] = {}
@@ -50,7 +51,7 @@ class RecordingWriter:
         # so a file is compacted when its dead space outgrows its data. Data = chunk storage + heap bytes.
         self._heap: Counter[tuple[int, bool]] = Counter()
         self._next_check: dict[tuple[int, bool], int] = {}
-        os.makedirs(run_dir, exist_ok=True)
+        os.makedirs(run_dir, exist_ok=True)  # on a node whose output_dir is node-local, the driver made none
 
     def __reduce__(self) -> Any:
         raise TypeError(
@@ -69,7 +70,8 @@ class RecordingWriter:
         try:
             h5 = self._file(key)
         except BaseException as e:  # e.g. repairing a file on a full disk
-            raise self._error(e, os.path.join(self.run_dir, schema.file_name(worker_index, is_evaluation))) from e
+            path = os.path.join(self.run_dir, schema.file_name(worker_index, is_evaluation, self.file_tag))
+            raise self._error(e, path) from e
         if (sender_id, seq) in self._committed[key]:
             self._totals["duplicate_chunks"] += 1
             return {"seq": seq, "duplicate": True, "rows": 0}
@@ -128,7 +130,8 @@ class RecordingWriter:
             "policy_lag_counts": dict(self._lag),
             "runners": dict(self._sender_stats),
             "last_error": self._last_error,
-            "senders": {schema.file_name(*k): len({s for s, _ in c}) for k, c in self._committed.items()},
+            "senders": {schema.file_name(*k, self.file_tag): len({s for s, _ in c})
+                        for k, c in self._committed.items()},
         }
 
     def close(self) -> dict[str, Any]:
@@ -165,7 +168,7 @@ class RecordingWriter:
             self._next_check[key] = 2 * data + self.compact_slack_bytes
         except Exception as e:  # the chunk is committed: its acknowledgement must not fail
             logger.warning("rllib_recorder: could not reopen %s after compacting it (%s: %s); the next "
-                           "append reopens it", schema.file_name(*key), type(e).__name__, e)
+                           "append reopens it", schema.file_name(*key, self.file_tag), type(e).__name__, e)
             self._files.pop(key, None)
 
     def _compact_closed(self, path: str) -> None:
@@ -185,7 +188,7 @@ class RecordingWriter:
     def _file(self, key: tuple[int, bool]) -> h5py.File:
         if key not in self._files:
             worker_index, is_evaluation = key
-            path = os.path.join(self.run_dir, schema.file_name(worker_index, is_evaluation))
+            path = os.path.join(self.run_dir, schema.file_name(worker_index, is_evaluation, self.file_tag))
             h5 = schema.open_for_append(path, {
                 "run_id": self.run_id, "worker_index": worker_index, "is_evaluation": is_evaluation,
             }, self.storage.file_space)

@@ -1,0 +1,32 @@
+"""Which writer a runner uses on which node, and which node holds which file: pure functions, no Ray."""
+
+from __future__ import annotations
+
+from rllib_recorder import schema
+from rllib_recorder.config import RecorderConfig
+from rllib_recorder.manifest import place_files
+from rllib_recorder.pool import Binding
+
+
+def binding(node_writers):
+    return Binding(run_id="r", run_dir="/x", namespace="n", num_writers=2, config=RecorderConfig(),
+                   node_writers=node_writers)
+
+
+def test_a_runner_writes_through_a_writer_on_its_own_node():
+    b = binding({"driver": ("d0", "d1"), "a": ("a0", "a1"), "b": ("b0", "b1")})
+    assert [b.writer_for("a", k, False) for k in (1, 2, 3)] == ["a0", "a1", "a0"]
+    assert b.writer_for("b", 2, False) == "b1" and b.writer_for("b", 1, True) == "b1"  # evaluation: half-way round
+    assert b.writer_for("unknown", 1, False) == "d0"  # no writer there yet: the driver's node, nothing lost
+
+
+def test_file_names_carry_their_node_and_place_back_onto_it():
+    names = [schema.file_name(1), schema.file_name(1, tag=schema.node_tag(2)),
+             schema.file_name(3, True, schema.node_tag(1)), "worker-004.node7.h5"]
+    assert names[:3] == ["worker-001.h5", "worker-001.node2.h5", "eval-worker-003.node1.h5"]
+    assert [schema.file_tag_of(n) for n in names] == ["", "node2", "node1", "node7"]
+    nodes = {str(i): {"node_id": f"id{i}", "node_ip": "10.0.0.1", "hostname": f"h{i}"} for i in range(3)}
+    placed = place_files(names, nodes)
+    assert placed["worker-001.h5"] == {**nodes["0"], "node_index": 0}
+    assert placed["worker-001.node2.h5"]["node_id"] == "id2" and placed["eval-worker-003.node1.h5"]["hostname"] == "h1"
+    assert placed["worker-004.node7.h5"] == {}  # a node the manifest does not know: left unplaced
