@@ -14,10 +14,12 @@ from typing import Any
 import ray
 
 from rllib_recorder.config import RecorderConfig
+from rllib_recorder.learner import hook_learners
 from rllib_recorder.errors import OutputDirError, RecorderError
 from rllib_recorder.manifest import now_iso, versions, write_manifest
 from rllib_recorder.pool import Binding, WriterPool
 from rllib_recorder.runner import bind_env_runner, drain_env_runner, recorder_for
+from rllib_recorder.staleness import PERCENTILES, interval_rates, lag_summary
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +59,12 @@ class RunRecorder:
             )
         os.makedirs(self.run_dir, exist_ok=True)
         self.run_id = uuid.uuid4().hex[:16]
+        self._started_monotonic = time.monotonic()
         self.closed = False
         self.learner_version = -1
         self.errors: Counter[str] = Counter()
-        self._rate_base: tuple[float, int, int, int] | None = None
+        self._rate_base: tuple[float, int, int, int] = (time.monotonic(), 0, 0, 0)
+        self._lifetime: dict[str, float] = {}
         self.manifest = self._initial_manifest(algorithm)
         write_manifest(self.run_dir, self.manifest)
         self.pool = WriterPool(self.run_id, self.run_dir, config)
@@ -68,7 +72,8 @@ class RunRecorder:
             run_id=self.run_id, run_dir=self.run_dir, namespace=ray.get_runtime_context().namespace,
             num_writers=config.num_writers, config=config,
         )
-        if config_is_new_stack(algorithm):
+        self.learners_reporting = self._hook_learners(algorithm)
+        if config_is_new_stack(algorithm) and not self.learners_reporting:
             self.learner_version = 0  # RLlib's learners start at weights_seq_no 0
             self.pool.set_learner_version(0)
         for group, _ in self._groups(algorithm):
@@ -84,11 +89,12 @@ class RunRecorder:
         )
 
     def on_train_result(self, result: dict[str, Any]) -> None:
-        """Tells writers the learner's version and adds ``result['recorder']``."""
+        """Adds ``result['recorder']`` (and tells writers the learner's version if learners don't report it)."""
         version = _learner_version(result)
         if version is not None and version != self.learner_version:
             self.learner_version = version
-            self.pool.set_learner_version(version)
+            if not self.learners_reporting:  # coarse: known only once per iteration
+                self.pool.set_learner_version(version)
         result["recorder"] = self.metrics(self.pool.stats(), result)
         errors = result["recorder"]["errors"]
         if self.config.fail_on_error and errors:
@@ -110,7 +116,7 @@ class RunRecorder:
             for runner in stats.get("runners", {}).values():
                 runners.update({k: runner.get(k, 0) for k in _RUNNER_SUMS})
                 max_wait = max(max_wait, runner.get("max_wait_s", 0.0))
-        total_lag = sum(lag.values())
+        lags = lag_summary(lag)
         last_error = next((s["last_error"] for s in writer_stats if s.get("last_error")), None)
         # Each env-runner process sends under its own sender id: more than one per file is a restart.
         restarts = sum(max(0, n - 1) for s in writer_stats for n in s.get("senders", {}).values())
@@ -127,12 +133,15 @@ class RunRecorder:
             "errors": writers["errors"] + runners["errors"] + runners["chunks_failed"] + sum(self.errors.values()),
             "learner_version": self.learner_version,
             "last_error": last_error, "runner_restarts_seen": restarts,
-            "policy_lag_mean": sum(k * v for k, v in lag.items()) / total_lag if total_lag else 0.0,
-            "policy_lag_max": max(lag) if lag else 0,
-            "policy_lag_hist": {str(k): v for k, v in sorted(lag.items())},
+            "learners_reporting": self.learners_reporting,
+            "policy_lag_mean": lags["mean"] if lags["steps"] else 0.0,
+            "policy_lag_max": lags["max"] if lags["steps"] else 0,
+            "policy_lag_hist": lags["hist"], "policy_lag_unknown_steps": lags["unknown"],
+            **{f"policy_lag_p{p}": lags[f"p{p}"] for p in PERCENTILES},
         }
         if result is not None:
             out.update(self._rates(out["env_steps_stored"], result))
+        out.update({k: v for k, v in self._lifetime.items() if k not in out})
         return out
 
     def close(self, algorithm: Any) -> dict[str, Any]:
@@ -207,20 +216,36 @@ class RunRecorder:
             "driver_host": socket.gethostname(),
         }
 
-    def _rates(self, stored: int, result: dict[str, Any]) -> dict[str, float]:
-        """TianJi's three rates: samples produced, stored and consumed per second."""
+    def _rates(self, stored: int, result: dict[str, Any]) -> dict[str, Any]:
+        """TianJi's three rates since the last result: env steps produced, stored and consumed per second.
+
+        Produced: sampled by the env runners (RLlib's lifetime count); stored: committed by the
+        writers; consumed: trained on by the learners. ``steps_not_stored`` is what the env runners
+        sampled and the writers have not committed (held, in flight, dropped or failed): writers that
+        keep up hold it near one coalescing window.
+        """
         produced = int(_find(result, ("env_runners", "num_env_steps_sampled_lifetime"), 0) or 0)
         consumed = int(_find(result, ("learners", "__all_modules__", "num_env_steps_trained_lifetime"), 0) or 0)
-        now = time.monotonic()
-        base, self._rate_base = self._rate_base, (now, produced, stored, consumed)
-        if base is None or now <= base[0]:
-            return {}
-        dt = now - base[0]
-        return {
-            "produced_steps_per_s": (produced - base[1]) / dt,
-            "stored_steps_per_s": (stored - base[2]) / dt,
-            "consumed_steps_per_s": (consumed - base[3]) / dt,
+        now = (time.monotonic(), produced, stored, consumed)
+        rates = interval_rates(self._rate_base, now)
+        self._rate_base = now
+        self._lifetime = {
+            "env_steps_sampled": produced, "env_steps_trained": consumed,
+            "recording_s": now[0] - self._started_monotonic,
         }
+        return {**rates, "steps_not_stored": max(0, produced - stored)}
+
+    def _hook_learners(self, algorithm: Any) -> int:
+        """Makes the learners report their versions to the writers; 0 if they can't (old stack)."""
+        if not config_is_new_stack(algorithm):
+            return 0
+        try:
+            return hook_learners(algorithm, self.run_id, self.binding.namespace, self.pool.names)
+        except Exception as e:  # fall back to the driver's once-per-iteration version
+            self.errors["learner_hook"] += 1
+            logger.warning("rllib_recorder: learners cannot report their versions (%s: %s); the policy lag "
+                           "falls back to once per iteration", type(e).__name__, e)
+            return 0
 
 
 def record_sample(env_runner: Any, samples: Any) -> None:
