@@ -16,6 +16,7 @@ import ray
 from rllib_recorder.config import RecorderConfig
 from rllib_recorder.learner import hook_learners
 from rllib_recorder.errors import OutputDirError, RecorderError
+from rllib_recorder.index import entry_from_manifest, update_run
 from rllib_recorder.manifest import now_iso, versions, write_manifest
 from rllib_recorder.pool import Binding, WriterPool
 from rllib_recorder.runner import bind_env_runner, drain_env_runner, recorder_for
@@ -67,6 +68,9 @@ class RunRecorder:
         self._lifetime: dict[str, float] = {}
         self.manifest = self._initial_manifest(algorithm)
         write_manifest(self.run_dir, self.manifest)
+        # Under Tune the experiment directory indexes its trials' runs (recorder_index.json).
+        self.experiment_dir = os.path.dirname(self.run_dir) if self.manifest["trial"] else None
+        self._update_index()
         self.pool = WriterPool(self.run_id, self.run_dir, config)
         self.binding = Binding(
             run_id=self.run_id, run_dir=self.run_dir, namespace=ray.get_runtime_context().namespace,
@@ -96,6 +100,7 @@ class RunRecorder:
             if not self.learners_reporting:  # coarse: known only once per iteration
                 self.pool.set_learner_version(version)
         result["recorder"] = self.metrics(self.pool.stats(), result)
+        self._update_index(env_steps=result["recorder"]["env_steps_stored"])
         errors = result["recorder"]["errors"]
         if self.config.fail_on_error and errors:
             cause = result["recorder"]["last_error"] or "see the env runner logs"
@@ -161,6 +166,7 @@ class RunRecorder:
             nodes=sorted({s.get("node") for s in writer_stats if s.get("node")}),
         )
         write_manifest(self.run_dir, self.manifest)
+        self._update_index()
         if totals["unacked_at_stop"]:
             logger.error("rllib_recorder: %d chunk(s) were not acknowledged before stop",
                          totals["unacked_at_stop"])
@@ -211,6 +217,7 @@ class RunRecorder:
             "api_stack": "new" if config_is_new_stack(algorithm) else "old",
             "batch_mode": config.batch_mode, "num_env_runners": config.num_env_runners,
             "trial": tune_names(algorithm)[1],
+            "trial_id": _tune_attr(algorithm, "trial_id"), "trial_name": _tune_attr(algorithm, "trial_name"),
             "experiment": tune_names(algorithm)[0],
             "spaces": _spaces(algorithm), "recorder": self.config.to_dict(),
             "driver_host": socket.gethostname(),
@@ -231,9 +238,18 @@ class RunRecorder:
         self._rate_base = now
         self._lifetime = {
             "env_steps_sampled": produced, "env_steps_trained": consumed,
-            "recording_s": now[0] - self._started_monotonic,
+            "recording_s": now[0] - self._started_monotonic, "last_result_at_s": time.time(),
         }
         return {**rates, "steps_not_stored": max(0, produced - stored)}
+
+    def _update_index(self, **changes: Any) -> None:
+        if self.experiment_dir is None:
+            return
+        try:
+            update_run(self.experiment_dir, self.run_dir, {**entry_from_manifest(self.manifest), **changes})
+        except Exception as e:  # the index is a convenience; the run's manifest stays the truth
+            self.errors["index"] += 1
+            logger.warning("rllib_recorder: updating %s failed: %s", self.experiment_dir, e)
 
     def _hook_learners(self, algorithm: Any) -> int:
         """Makes the learners report their versions to the writers; 0 if they can't (old stack)."""
@@ -264,6 +280,16 @@ def tune_names(algorithm: Any) -> tuple[str | None, str | None]:
     if not trial:
         return None, None
     return getattr(storage, "experiment_dir_name", None), str(trial)
+
+
+def _tune_attr(algorithm: Any, name: str) -> str | None:
+    """The Tune trial's id or name (None outside Tune)."""
+    if getattr(algorithm, "_trial_info", None) is None:
+        return None
+    try:
+        return str(getattr(algorithm, name))
+    except Exception:  # informative only
+        return None
 
 
 def config_is_new_stack(algorithm: Any) -> bool:
