@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 from ray import tune
 from ray.rllib.algorithms.appo import APPOConfig
@@ -78,20 +79,60 @@ def test_second_run_never_overwrites_the_first(ray_session, tmp_path):
     check_run(run_dir)
 
 
-def test_asynchronous_appo_run_is_recorded_exactly(ray_session, tmp_path):
+def test_asynchronous_appo_run_is_recorded_exactly_with_its_policy_lag(ray_session, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from rllib_recorder.cli import main
+
     config = (
         APPOConfig().environment("counting", env_config={"obs_kind": "vector"})
-        .env_runners(num_env_runners=1, rollout_fragment_length=20)  # 2 CPUs: runner + aggregator
-        .training(train_batch_size_per_learner=100)
+        .env_runners(num_env_runners=1, rollout_fragment_length=20)  # 2 CPUs: 1 env runner, the learner here
+        .learners(num_learners=0)
+        # weights reach the env runner every 3rd training step: the learner runs ahead meanwhile
+        .training(train_batch_size_per_learner=40, broadcast_interval=3)
         .reporting(min_time_s_per_iteration=1)
+        .callbacks(RecorderCallback.configured(output_dir=str(tmp_path / "rec")))
     )
-    run_dir, results, _ = record(config, tmp_path, iterations=3)
+    algo = config.build_algo()
+    for _ in range(40):  # APPO's first samples take a few seconds to arrive on 2 CPUs
+        result = algo.train()
+        if result["recorder"]["policy_lag_max"] > 0 and result["recorder"]["consumed_steps_per_s"] > 0:
+            break
+    algo.stop()
+    run_dir = result["recorder"]["run_dir"]
+    assert result["recorder"]["learners_reporting"] == 1
+    assert {k for k, v in result["recorder"].items() if k.endswith("_steps_per_s") and v > 0} == {
+        "produced_steps_per_s", "stored_steps_per_s", "consumed_steps_per_s"}
     counts = check_run(run_dir)
     with open_run(run_dir) as run:
-        assert run.num_env_steps == run.manifest["totals"]["env_steps_stored"] > 0
-        assert run.manifest["totals"]["unacked_at_stop"] == 0
-    assert results[-1]["recorder"]["errors"] == 0
-    assert counts["agent_steps"] == run.manifest["totals"]["env_steps_stored"]
+        assert run.num_env_steps == run.manifest["totals"]["env_steps_stored"] == counts["agent_steps"] > 0
+        assert run.manifest["totals"]["unacked_at_stop"] == 0 and run.manifest["totals"]["errors"] == 0
+        f = run.files[0]
+        lags = f.policy_lag("default_agent")
+        learner = f.learner_versions("default_agent")
+        acted = f.column("default_agent", "weights_seq_no", slice(0, len(lags)))
+        np.testing.assert_array_equal(lags, learner - acted)
+        assert lags.min() >= 0 and lags.max() > 0  # none negative, none unknown, some stale
+        hist = {str(k): int((lags == k).sum()) for k in np.unique(lags)}
+        assert run.manifest["totals"]["policy_lag_hist"] == hist
+
+    runner = CliRunner()
+    shown = runner.invoke(main, ["info", run_dir])
+    assert shown.exit_code == 0, shown.output
+    assert f"policy_lag_hist: {hist}" in shown.output
+    assert "rates (env steps/s): produced " in shown.output and "consumed -" not in shown.output
+    summary = json.loads(runner.invoke(main, ["info", run_dir, "--json"]).output)
+    assert summary["policy_lag"]["hist"] == hist and summary["policy_lag"]["unknown"] == 0
+    assert summary["policy_lag"]["max"] == int(lags.max())
+    for p in (50, 90, 99):
+        assert summary["policy_lag"][f"p{p}"] == int(np.percentile(lags, p, method="inverted_cdf"))
+    assert all(summary["rates"][k] > 0 for k in ("produced_steps_per_s", "stored_steps_per_s", "consumed_steps_per_s"))
+    plotted = runner.invoke(main, ["plot", run_dir, "-o", str(tmp_path / "lag.png")])
+    assert plotted.exit_code == 0, plotted.output
+    assert f"policy lags { {int(k): v for k, v in hist.items()} }" in plotted.output
+    assert (tmp_path / "lag.png").stat().st_size > 10_000
 
 
 def test_two_tune_trials_get_separate_complete_runs(ray_session, tmp_path):
