@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import socket
 import time
 import uuid
@@ -217,7 +218,7 @@ class RunRecorder:
             "api_stack": "new" if config_is_new_stack(algorithm) else "old",
             "batch_mode": config.batch_mode, "num_env_runners": config.num_env_runners,
             "trial": tune_names(algorithm)[1],
-            "trial_id": _tune_attr(algorithm, "trial_id"), "trial_name": _tune_attr(algorithm, "trial_name"),
+            "trial_name": tune_trial(tune_names(algorithm)[1])[0], "trial_id": tune_trial(tune_names(algorithm)[1])[1],
             "experiment": tune_names(algorithm)[0],
             "spaces": _spaces(algorithm), "recorder": self.config.to_dict(),
             "driver_host": socket.gethostname(),
@@ -282,14 +283,14 @@ def tune_names(algorithm: Any) -> tuple[str | None, str | None]:
     return getattr(storage, "experiment_dir_name", None), str(trial)
 
 
-def _tune_attr(algorithm: Any, name: str) -> str | None:
-    """The Tune trial's id or name (None outside Tune)."""
-    if getattr(algorithm, "_trial_info", None) is None:
-        return None
-    try:
-        return str(getattr(algorithm, name))
-    except Exception:  # informative only
-        return None
+def tune_trial(trial_dir: str | None) -> tuple[str | None, str | None]:
+    """(trial name, trial id) read from Tune's default trial dir name ``<name>_<id>_<tag>``.
+
+    An Algorithm in a Tune trial is not told its trial id (results get it outside the trial);
+    its dir name holds both. (None, None) outside Tune or with a custom ``trial_dirname_creator``.
+    """
+    match = re.match(r"^(.*?_([0-9a-f]{5,8}_\d{5}))(_|$)", trial_dir or "")
+    return (match.group(1), match.group(2)) if match else (None, None)
 
 
 def config_is_new_stack(algorithm: Any) -> bool:

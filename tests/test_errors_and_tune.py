@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -11,7 +12,10 @@ from ray.rllib.algorithms.appo import APPOConfig
 from ray.rllib.algorithms.ppo import PPOConfig
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
+from click.testing import CliRunner
+
 from rllib_recorder import ConfigError, OutputDirError, RecorderCallback, RecorderConfig, RecorderError
+from rllib_recorder.cli import main
 from rllib_recorder.reader import open_run
 from tests.integrity import check_run
 from tests.test_recording import ppo, record
@@ -80,12 +84,6 @@ def test_second_run_never_overwrites_the_first(ray_session, tmp_path):
 
 
 def test_asynchronous_appo_run_is_recorded_exactly_with_its_policy_lag(ray_session, tmp_path):
-    import json
-
-    from click.testing import CliRunner
-
-    from rllib_recorder.cli import main
-
     config = (
         APPOConfig().environment("counting", env_config={"obs_kind": "vector"})
         .env_runners(num_env_runners=1, rollout_fragment_length=20)  # 2 CPUs: 1 env runner, the learner here
@@ -151,8 +149,30 @@ def test_two_tune_trials_get_separate_complete_runs(ray_session, tmp_path):
     trial_dirs = sorted(os.path.basename(r.path) for r in results)
     assert [os.path.basename(d) for d in run_dirs] == trial_dirs
     assert {os.path.dirname(d) for d in run_dirs} == {str(tmp_path / "rec" / os.path.basename(results.experiment_path))}
+    experiment_dir = os.path.dirname(run_dirs[0])
+    index = json.loads(open(os.path.join(experiment_dir, "recorder_index.json")).read())
+    assert sorted(index["runs"]) == [os.path.basename(d) for d in run_dirs]
+    trial_ids = sorted(r.metrics["trial_id"] for r in results)
+    assert sorted(e["trial_id"] for e in index["runs"].values()) == trial_ids
     for run_dir in run_dirs:
         counts = check_run(run_dir)
         with open_run(run_dir) as run:
             assert [f.worker_index for f in run.files] == [0]  # the local env runner samples
-        assert counts["agent_steps"] > 0
+            entry = index["runs"][os.path.basename(run_dir)]
+            assert entry["status"] == "finished" and entry["env_steps"] == run.num_env_steps == counts["agent_steps"] > 0
+            assert entry["trial"] == os.path.basename(run_dir) and entry["trial_name"] in run_dir
+
+    shown = CliRunner().invoke(main, ["info", experiment_dir])
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    assert lines[0] == f"experiment {experiment_dir}: 2 run(s)"
+    rows = {line.split()[0]: line.split() for line in lines[2:]}
+    for run_dir in run_dirs:
+        with open_run(run_dir) as run:
+            row = rows[run.manifest["trial_name"]]
+            assert row[1:5] == ["finished", str(run.num_env_steps), "1", str(os.path.getsize(run.files[0].path))]
+            assert row[5:8] == ["0", "0", "0"]  # PPO: lag p50, p99, max
+    total = sum(int(row[2]) for name, row in rows.items() if name != "TOTAL")
+    assert rows["TOTAL"][1:3] == ["finished:2", str(total)]
+    summary = json.loads(CliRunner().invoke(main, ["info", experiment_dir, "--json"]).output)
+    assert summary["totals"]["runs"] == 2 and summary["totals"]["env_steps"] == total
