@@ -159,7 +159,8 @@ def test_two_tune_trials_get_separate_complete_runs(ray_session, tmp_path):
         with open_run(run_dir) as run:
             assert [f.worker_index for f in run.files] == [0]  # the local env runner samples
             entry = index["runs"][os.path.basename(run_dir)]
-            assert entry["status"] == "finished" and entry["env_steps"] == run.num_env_steps == counts["agent_steps"] > 0
+            assert entry["status"] == "finished"
+            assert entry["env_steps"] == run.num_env_steps == counts["agent_steps"] > 0
             assert entry["trial"] == os.path.basename(run_dir) and entry["trial_name"] in run_dir
 
     shown = CliRunner().invoke(main, ["info", experiment_dir])
