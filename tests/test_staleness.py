@@ -8,14 +8,14 @@ import numpy as np
 
 from rllib_recorder import schema
 from rllib_recorder.convert import episodes_to_chunk
-from rllib_recorder.index import INDEX_NAME, read_index, rebuild_index, update_run
+from rllib_recorder.index import INDEX_NAME, read_index, rebuild_index
 from rllib_recorder.manifest import write_manifest
 from rllib_recorder.outbox import Outbox
 from rllib_recorder.reader import WorkerFile
 from rllib_recorder.staleness import (chunk_learner_version, interval_rates, lag_summary, step_lags,
                                       stored_rates)
 from rllib_recorder.writer import RecordingWriter
-from tests.helpers import make_episode
+from tests.helpers import make_episode, update_index_many
 from tests.test_outbox import FakeClock, FakeTransport
 
 
@@ -83,17 +83,10 @@ def test_writer_stores_the_learner_version_finished_before_the_sample(tmp_path):
     f.close()
 
 
-def _update_many(args):
-    experiment_dir, name, times = args
-    for i in range(times):
-        update_run(experiment_dir, os.path.join(experiment_dir, name), {"status": "running", "env_steps": i})
-    update_run(experiment_dir, os.path.join(experiment_dir, name), {"status": "finished", "env_steps": times})
-
-
 def test_index_keeps_every_concurrent_update(tmp_path):
     names = [f"trial_{i}" for i in range(4)]
     with multiprocessing.get_context("spawn").Pool(4) as pool:
-        pool.map(_update_many, [(str(tmp_path), name, 25) for name in names])
+        pool.map(update_index_many, [(str(tmp_path), name, 25) for name in names])
     runs = read_index(str(tmp_path))["runs"]
     assert sorted(runs) == names
     assert all(runs[n] == {"run_dir": n, "status": "finished", "env_steps": 25} for n in names)
