@@ -76,7 +76,7 @@ class RecorderCallback(RLlibCallback):
         if env is None or hasattr(episode, "agent_episodes") or not hasattr(episode, "custom_data"):
             return
         try:
-            keep_start_state(episode, env, env_index)
+            keep_start_state(episode, env, env_index, env_runner)
         except Exception as e:
             self._count(env_runner, "start_state", e)
 

@@ -44,6 +44,8 @@ class RecorderConfig:
         record_extra_model_outputs: Store action log-probs, distribution inputs,
             value predictions and other extra model outputs.
         record_evaluation: Record evaluation env runners into ``eval-`` files.
+        record_start_states: Capture each episode's start state (new API stack, classic
+            control and ALE envs) so ``replay --check`` can re-simulate it.
         fail_on_error: Raise (and stop training) at the next train result when
             any recorder error happened; by default errors are only counted.
         fsync: ``os.fsync`` each file before acknowledging (survives an OS crash,
@@ -68,6 +70,7 @@ class RecorderConfig:
     record_infos: bool = True
     record_extra_model_outputs: bool = True
     record_evaluation: bool = True
+    record_start_states: bool = True
     fail_on_error: bool = False
     fsync: bool = False
     drain_timeout_s: float = 120.0

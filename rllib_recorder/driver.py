@@ -123,7 +123,9 @@ class RunRecorder:
                 runners.update({k: runner.get(k, 0) for k in _RUNNER_SUMS})
                 max_wait = max(max_wait, runner.get("max_wait_s", 0.0))
         lags = lag_summary(lag)
-        last_error = next((s["last_error"] for s in writer_stats if s.get("last_error")), None)
+        last_error = next((s["last_error"] for s in writer_stats if s.get("last_error")), None) or next(
+            (r["last_error"] for s in writer_stats for r in s.get("runners", {}).values() if r.get("last_error")),
+            None)
         # Each env-runner process sends under its own sender id: more than one per file is a restart.
         restarts = sum(max(0, n - 1) for s in writer_stats for n in s.get("senders", {}).values())
         out = {

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import struct
+import zlib
 from collections import deque
 from typing import Any
 
@@ -17,6 +19,13 @@ KIND_ALE = "ale/1"
 WRAPPER_ATTRS = ("frames", "lives", "was_real_terminated", "_obs_buffer", "_elapsed_steps")
 # Attributes of a classic-control env besides its ``state`` array.
 CLASSIC_ATTRS = ("steps_beyond_terminated",)
+# The state blob (docs/FORMAT.md): MAGIC, a flags byte (1: payload zlib-compressed), the header's length
+# (uint32 LE), a JSON header {"meta": ..., "arrays": [[name, dtype, shape, offset], ...]}, then the arrays'
+# raw bytes back to back. Captured on every episode start inside the env runner, so it is built without
+# zip machinery; payloads above COMPRESS_ABOVE bytes (Atari frame stacks) are compressed at zlib level 1.
+# Files of schema 1.1 may hold the older npz form (starts with b"PK"); restore reads both.
+MAGIC = b"RRS2"
+COMPRESS_ABOVE = 4096
 
 
 def sub_env(vector_env: Any, env_index: int) -> Any | None:
@@ -60,10 +69,49 @@ def capture(env: Any) -> tuple[str, bytes] | None:
         kind = KIND_CLASSIC
         arrays["state"] = np.array(base.state)
         meta["attrs"] = {n: _put(arrays, f"base.{n}", getattr(base, n)) for n in CLASSIC_ATTRS if hasattr(base, n)}
-    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
-    out = io.BytesIO()
-    np.savez_compressed(out, **arrays)
-    return kind, out.getvalue()
+    return kind, pack(arrays, meta)
+
+
+def pack(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> bytes:
+    """The state blob of ``arrays`` and the JSON-able ``meta``."""
+    table, parts, offset = [], [], 0
+    for name, value in arrays.items():
+        value = np.ascontiguousarray(value)
+        table.append([name, value.dtype.str, list(value.shape), offset])
+        parts.append(value.tobytes())
+        offset += value.nbytes
+    payload = b"".join(parts)
+    flags = 0
+    if len(payload) > COMPRESS_ABOVE:
+        payload, flags = zlib.compress(payload, 1), 1
+    header = json.dumps({"meta": meta, "arrays": table}, separators=(",", ":")).encode()
+    return MAGIC + struct.pack("<BI", flags, len(header)) + header + payload
+
+
+def unpack(state: bytes) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """(arrays, meta) of a state blob (either form); ReplayError if it is neither."""
+    try:
+        if state[:2] == b"PK":  # schema 1.1: an npz archive with a "meta" array
+            with np.load(io.BytesIO(state), allow_pickle=False) as npz:
+                arrays = {k: npz[k] for k in npz.files}
+            return arrays, json.loads(arrays.pop("meta").tobytes())
+        if state[:4] != MAGIC:
+            raise ValueError("unknown magic")
+        flags, length = struct.unpack_from("<BI", state, 4)
+        start = 4 + struct.calcsize("<BI")
+        header = json.loads(state[start:start + length])
+        payload = state[start + length:]
+        if flags & 1:
+            payload = zlib.decompress(payload)
+        arrays = {}
+        for name, dtype, shape, offset in header["arrays"]:
+            dtype = np.dtype(dtype)
+            count = int(np.prod(shape, dtype=np.int64))
+            arrays[name] = np.frombuffer(payload, dtype, count, offset).reshape(shape).copy()
+        return arrays, header["meta"]
+    except (ValueError, KeyError, TypeError, struct.error, zlib.error, OSError) as e:
+        raise ReplayError(f"the recorded start state is unreadable ({type(e).__name__}: {e}); "
+                          "the file may be damaged: run 'rllib-recorder verify'") from None
 
 
 def restore(env: Any, kind: str, state: bytes) -> None:
@@ -75,9 +123,7 @@ def restore(env: Any, kind: str, state: bytes) -> None:
     if kind not in (KIND_ALE, KIND_CLASSIC) or (kind == KIND_ALE) != hasattr(base, "ale"):
         raise ReplayError(f"the recorded start state is of kind {kind!r}, but the env is {type(base).__name__}; "
                           "pass the env the run was recorded with (--env)")
-    with np.load(io.BytesIO(state), allow_pickle=False) as npz:
-        arrays = {k: npz[k] for k in npz.files}
-    meta = json.loads(arrays["meta"].tobytes())
+    arrays, meta = unpack(state)
     layers = _layers(env)
     for name, attrs in meta["layers"]:
         layer = next((x for x in layers if type(x).__name__ == name), None)

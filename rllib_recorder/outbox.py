@@ -59,6 +59,7 @@ class OutboxStats:
     max_wait_s: float = 0.0
     chunks_in_flight: int = 0
     rows_pending: int = 0
+    last_error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -226,6 +227,8 @@ class Outbox:
         del self._in_flight[flight.seq]
         self.stats.chunks_failed += 1
         self.stats.rows_failed += flight.chunk.agent_steps
+        cause = getattr(error, "cause", None) or error  # a Ray task error wraps the writer's own
+        self.stats.last_error = f"{type(cause).__name__}: {(str(cause).splitlines() or [''])[0][:300]}"
         if self.stats.chunks_failed == 1:
             logger.error(
                 "rllib_recorder: the writer refused chunk %d (%s); it is counted as failed, "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 from dataclasses import dataclass
@@ -96,31 +97,39 @@ class WriterPool:
 
 
 class RayTransport:
-    """The outbox's way to a writer actor: an async actor call per chunk."""
+    """The outbox's way to a writer actor: an async actor call per chunk.
+
+    Acknowledgements are event-driven: each call's ObjectRef gets a completion callback
+    (``ObjectRef.future()``), so the outbox's non-blocking poll on every sample is a flag
+    check, not a ``ray.wait`` round trip through the core worker (0.6 ms each, measured).
+    """
 
     def __init__(self, binding: Binding, worker_index: int, is_evaluation: bool) -> None:
         self.worker_index = worker_index
         self.is_evaluation = is_evaluation
         index = assign_writer(worker_index, is_evaluation, binding.num_writers)
         self.writer_actor = ray.get_actor(writer_name(binding.run_id, index), namespace=binding.namespace)
+        self._futures: dict[Any, concurrent.futures.Future] = {}
 
     def send(self, sender_id: bytes, seq: int, chunk: Chunk, stats: dict[str, Any]) -> Any:
-        return self.writer_actor.append.remote(
+        ref = self.writer_actor.append.remote(
             self.worker_index, self.is_evaluation, sender_id, seq, chunk, stats
         )
+        self._futures[ref] = ref.future()
+        return ref
 
     def report(self, stats: dict[str, Any]) -> None:
         self.writer_actor.report.remote(self.worker_index, self.is_evaluation, stats)
 
     def wait(self, handles: list[Any], timeout_s: float) -> list[Any]:
-        ready, rest = ray.wait(handles, num_returns=1, timeout=timeout_s)
-        if ready and rest:
-            more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
-            ready += more
-        return ready
+        futures = [self._futures[h] for h in handles]
+        if timeout_s > 0 and not any(f.done() for f in futures):
+            concurrent.futures.wait(futures, timeout=timeout_s, return_when=concurrent.futures.FIRST_COMPLETED)
+        return [h for h, f in zip(handles, futures) if f.done()]
 
     def result(self, handle: Any) -> dict[str, Any]:
-        return ray.get(handle)
+        self._futures.pop(handle, None)
+        return ray.get(handle)  # done: a local read (and Ray's own error types, unchanged)
 
     def retryable(self, error: Exception) -> bool:
         # A task error is the writer refusing the chunk; anything else (actor died,

@@ -47,10 +47,16 @@ def drain_env_runner(env_runner: Any, timeout_s: float) -> dict[str, Any]:
     return recorder.drain(timeout_s)
 
 
-def keep_start_state(episode: Any, vector_env: Any, env_index: int) -> None:
-    """Keeps the start state of ``episode``'s sub-env on the episode (nothing when it can't be captured)."""
+def keep_start_state(episode: Any, vector_env: Any, env_index: int, env_runner: Any = None) -> None:
+    """Keeps the start state of ``episode``'s sub-env on the episode.
+
+    Nothing when it can't be captured, or when ``env_runner`` does not record it (an evaluation
+    runner with ``record_evaluation=False``, or ``record_start_states=False``).
+    """
     from rllib_recorder.envstate import capture, sub_env
 
+    if env_runner is not None and not recorder_for(env_runner).records_start_states:
+        return
     env = sub_env(vector_env, env_index)
     captured = capture(env) if env is not None else None
     if captured is not None:
@@ -72,6 +78,11 @@ class RunnerRecorder:
     @property
     def enabled(self) -> bool:
         return self.binding is None or not self.is_evaluation or self.binding.config.record_evaluation
+
+    @property
+    def records_start_states(self) -> bool:
+        """Unbound runners capture (their samples are held until bound); bound ones as configured."""
+        return self.enabled and (self.binding is None or self.binding.config.record_start_states)
 
     def bind(self, binding: Binding) -> None:
         if self.binding is not None and self.binding.run_id == binding.run_id:

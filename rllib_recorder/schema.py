@@ -16,7 +16,7 @@ from rllib_recorder.convert import Chunk, Stream
 from rllib_recorder.errors import SchemaError
 
 FORMAT_NAME = "rllib_recorder"
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 SENDER_ID_DTYPE = np.dtype("S32")
 
 # Every name below is documented in docs/FORMAT.md (a test checks it).
@@ -83,6 +83,11 @@ class StorageOptions:
     hdf5_chunk_bytes: int = 64 << 10
     fsync: bool = False
     encode_uint8: bool = True
+    # HDF5 file-space strategy of new files. "none": space a rewritten chunk frees is never
+    # handed out again while the file is open, so a kill can't overwrite committed rows
+    # that the on-disk index still points at (see docs/RELIABILITY.md); the dead space is
+    # compacted away on close. "fsm" is HDF5's default (reuses freed space at once).
+    file_space: str = "none"
 
 
 # A float32 image column holding exact uint8 values scaled is stored as uint8 with these
@@ -114,10 +119,18 @@ def check_version(found: Any, where: str) -> None:
         )
 
 
-def open_for_append(path: str, attrs: Mapping[str, Any]) -> h5py.File:
+def create_file(path: str, file_space: str = "none") -> h5py.File:
+    """Creates a new HDF5 file with the file-space strategy ``file_space`` (refuses an existing one)."""
+    if file_space == "none":
+        # fs_persist/threshold only matter for the "fsm" and "page" strategies.
+        return h5py.File(path, "x", fs_strategy="none")
+    return h5py.File(path, "x")
+
+
+def open_for_append(path: str, attrs: Mapping[str, Any], file_space: str = "none") -> h5py.File:
     """Opens (creating if needed) a worker file for appending, dropping uncommitted rows."""
     exists = os.path.exists(path)
-    h5 = h5py.File(path, "a")
+    h5 = h5py.File(path, "a") if exists else create_file(path, file_space)
     if not exists or "format" not in h5.attrs:
         from rllib_recorder import __version__
 
@@ -218,7 +231,7 @@ def rewrite_committed(path: str, copy_rows: int = 1 << 16) -> dict[str, int]:
     new file replaces the old one atomically (a crash leaves one or the other).
     """
     tmp = f"{path}.rewrite-tmp"
-    with h5py.File(path, "r") as src, h5py.File(tmp, "w") as dst:
+    with _temporary(tmp), h5py.File(path, "r") as src, h5py.File(tmp, "w", fs_strategy="none") as dst:
         validate_header(src, path)
         dropped = uncommitted_rows(src)
         dst.attrs.update(dict(src.attrs))
@@ -231,6 +244,67 @@ def rewrite_committed(path: str, copy_rows: int = 1 << 16) -> dict[str, int]:
         os.fsync(dst.id.get_vfd_handle())
     os.replace(tmp, path)
     return dropped
+
+
+@contextlib.contextmanager
+def _temporary(tmp: str) -> Iterator[None]:
+    """Removes ``tmp`` when the block fails (a full disk must not leave half a copy behind)."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def chunk_bytes(h5: h5py.File) -> int:
+    """Bytes the datasets' chunks take (for variable-length columns only the heap references)."""
+    sizes: list[int] = []
+    h5.visititems(lambda _, o: sizes.append(o.id.get_storage_size()) if isinstance(o, h5py.Dataset) else None)
+    return sum(sizes)
+
+
+def heap_bytes(chunk: Chunk) -> int:
+    """Bytes a chunk's variable-length values (JSON infos, start states, ids) add to the file's heap."""
+    total = 0
+    for stream in chunk.streams.values():
+        for table in (stream.steps, stream.fragments):
+            for values in table.values():
+                if values.dtype == object:
+                    total += sum(len(v) + 16 for v in values)  # + the heap object's header
+    return total
+
+
+def should_compact(file_bytes: int, live: int, slack_bytes: int = 8 << 20) -> bool:
+    """Whether a file's dead space (space freed chunks left behind, never reused) is worth a copy.
+
+    Compacting once the dead space exceeds the live data bounds the file at about twice its
+    data plus ``slack_bytes``, at an amortised cost of at most one extra copy of each byte.
+    """
+    return file_bytes - live > live + slack_bytes
+
+
+def compact(path: str) -> int:
+    """Rewrites a closed, fully committed file without dead space; returns the bytes saved.
+
+    Datasets are copied by HDF5 (H5Ocopy: compressed chunks are copied as they are). The
+    copy is fsynced and then atomically replaces the file: a crash leaves one or the other.
+    """
+    before = os.path.getsize(path)
+    tmp = f"{path}.rewrite-tmp"
+    with h5py.File(path, "r") as src:
+        if uncommitted_rows(src):
+            src.close()
+            rewrite_committed(path)
+            return before - os.path.getsize(path)
+        with _temporary(tmp), h5py.File(tmp, "w", fs_strategy="none") as dst:
+            dst.attrs.update(dict(src.attrs))
+            for name in src:
+                src.copy(src[name], dst, name=name)
+            dst.flush()
+            os.fsync(dst.id.get_vfd_handle())
+    os.replace(tmp, path)
+    return before - os.path.getsize(path)
 
 
 def _copy_table(src: h5py.Group, dst: h5py.Group, rows: int, copy_rows: int) -> None:

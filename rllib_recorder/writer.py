@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import bisect
 import errno
+import gc
 import logging
 import os
 import socket
 import time
+import traceback
 from collections import Counter
 from typing import Any
 
@@ -30,6 +32,9 @@ class RecordingWriter:
     restart or a lost acknowledgement is acknowledged again but stored once.
     """
 
+    # Dead space tolerated beyond the data before a file is compacted mid-run.
+    compact_slack_bytes = 8 << 20
+
     def __init__(self, run_dir: str, run_id: str, storage: schema.StorageOptions) -> None:
         self.run_dir = run_dir
         self.run_id = run_id
@@ -43,6 +48,10 @@ class RecordingWriter:
         self._lag: Counter[int] = Counter()
         self._totals = Counter()
         self._last_error: str | None = None
+        # Dead space: files never reuse freed space while open (crash safety, see schema.StorageOptions),
+        # so a file is compacted when its dead space outgrows its data. Data = chunk storage + heap bytes.
+        self._heap: Counter[tuple[int, bool]] = Counter()
+        self._next_check: dict[tuple[int, bool], int] = {}
         os.makedirs(run_dir, exist_ok=True)
 
     def __reduce__(self) -> Any:
@@ -59,7 +68,10 @@ class RecordingWriter:
         key = (worker_index, is_evaluation)
         if sender_stats is not None:
             self.report(worker_index, is_evaluation, sender_stats)
-        h5 = self._file(key)
+        try:
+            h5 = self._file(key)
+        except BaseException as e:  # e.g. repairing a file on a full disk
+            raise self._error(e, os.path.join(self.run_dir, schema.file_name(worker_index, is_evaluation))) from e
         if (sender_id, seq) in self._committed[key]:
             self._totals["duplicate_chunks"] += 1
             return {"seq": seq, "duplicate": True, "rows": 0}
@@ -72,15 +84,25 @@ class RecordingWriter:
             )
         except BaseException as e:
             # Close the file: reopening drops the rows no commit names, so a re-send is clean.
-            self._totals["errors"] += 1
             path = h5.filename
+            # Release the datasets the failed append's frames still hold before closing their file:
+            # HDF5 segfaults (H5D_close) when they are garbage-collected after a close that failed.
+            traceback.clear_frames(e.__traceback__)
+            gc.collect()
             self._close_file(key)
-            error = _clear_error(e, path)
-            self._last_error = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
-            raise error from e
+            raise self._error(e, path) from e
         self._committed[key].add((sender_id, seq))
+        self._heap[key] += schema.heap_bytes(chunk)
+        self._maybe_compact(key)
         self._account(chunk, time.perf_counter() - start, learner_version)
         return {"seq": seq, "duplicate": False, "rows": chunk.agent_steps}
+
+    def _error(self, error: BaseException, path: str) -> BaseException:
+        """Counts a failed append and returns the one-line error to raise."""
+        self._totals["errors"] += 1
+        error = _clear_error(error, path)
+        self._last_error = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+        return error
 
     def report(self, worker_index: int, is_evaluation: bool, sender_stats: dict[str, Any]) -> None:
         """Takes an env runner's recorder statistics without data (e.g. after errors)."""
@@ -113,24 +135,63 @@ class RecordingWriter:
             "files": len(self._files),
             "files_written": sorted(self._paths),
             "node": socket.gethostname(),
-            "disk_bytes": sum(_size(h5) for h5 in self._files.values()),
+            "disk_bytes": sum(_path_size(os.path.join(self.run_dir, p)) for p in self._paths),
             "policy_lag_counts": dict(self._lag),
             "runners": dict(self._sender_stats),
             "last_error": self._last_error,
-            "senders": {os.path.basename(self._files[k].filename): len({s for s, _ in c})
-                        for k, c in self._committed.items() if k in self._files},
+            "senders": {schema.file_name(*k): len({s for s, _ in c}) for k, c in self._committed.items()},
         }
 
     def close(self) -> dict[str, Any]:
-        """Flushes and closes every file; returns the final stats."""
-        stats = self.stats()
-        for h5 in self._files.values():
+        """Flushes, closes and compacts every file; returns the final stats."""
+        for key in list(self._files):
+            h5 = self._files.pop(key)
+            path, data = h5.filename, self._data_bytes(key, h5)
             h5.flush()
             if self.storage.fsync:
                 os.fsync(h5.id.get_vfd_handle())
             h5.close()
-        self._files.clear()
-        return stats
+            # The file is final now: dead space worth a quarter of its data is worth one copy.
+            if _path_size(path) - data > max(data // 4, 1 << 20):
+                self._compact_closed(path)
+        return self.stats()
+
+    def _data_bytes(self, key: tuple[int, bool], h5: h5py.File) -> int:
+        return schema.chunk_bytes(h5) + self._heap[key]
+
+    def _maybe_compact(self, key: tuple[int, bool]) -> None:
+        """Compacts the file of ``key`` once its dead space outgrows its data; never raises."""
+        h5 = self._files[key]
+        size = _size(h5)
+        if size <= self._next_check.get(key, 0):
+            return
+        try:
+            data = self._data_bytes(key, h5)
+            if schema.should_compact(size, data, self.compact_slack_bytes):
+                path = h5.filename
+                self._close_file(key)
+                self._compact_closed(path)
+                h5 = self._file(key)
+                data = self._data_bytes(key, h5)
+            self._next_check[key] = 2 * data + self.compact_slack_bytes
+        except Exception as e:  # the chunk is committed: its acknowledgement must not fail
+            logger.warning("rllib_recorder: could not reopen %s after compacting it (%s: %s); the next "
+                           "append reopens it", schema.file_name(*key), type(e).__name__, e)
+            self._files.pop(key, None)
+
+    def _compact_closed(self, path: str) -> None:
+        """Compacts a closed file; a failure (e.g. a full disk) leaves it as it was, and is only counted."""
+        start = time.perf_counter()
+        try:
+            saved = schema.compact(path)
+        except Exception as e:  # schema.compact removed its temporary copy
+            self._totals["compact_errors"] += 1
+            logger.warning("rllib_recorder: compacting %s failed (%s: %s); the file is intact, only larger",
+                           path, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            return
+        self._totals["compactions"] += 1
+        self._totals["compacted_bytes"] += saved
+        self._totals["compact_s"] += time.perf_counter() - start
 
     def _file(self, key: tuple[int, bool]) -> h5py.File:
         if key not in self._files:
@@ -138,7 +199,7 @@ class RecordingWriter:
             path = os.path.join(self.run_dir, schema.file_name(worker_index, is_evaluation))
             h5 = schema.open_for_append(path, {
                 "run_id": self.run_id, "worker_index": worker_index, "is_evaluation": is_evaluation,
-            })
+            }, self.storage.file_space)
             owner = h5.attrs.get("run_id")
             if owner != self.run_id:
                 h5.close()
@@ -147,6 +208,8 @@ class RecordingWriter:
                     "record each run into its own directory"
                 )
             self._files[key] = h5
+            # Whatever the file holds when opened counts as data (a conservative start).
+            self._heap[key] = max(0, _path_size(path) - schema.chunk_bytes(h5))
             self._paths.add(os.path.relpath(path, self.run_dir))
             self._committed[key] = schema.committed_keys(h5)
         return self._files[key]
@@ -170,8 +233,12 @@ class RecordingWriter:
 
 
 def _size(h5: h5py.File) -> int:
+    return _path_size(h5.filename)
+
+
+def _path_size(path: str) -> int:
     try:
-        return os.path.getsize(h5.filename)
+        return os.path.getsize(path)
     except OSError:
         return 0
 

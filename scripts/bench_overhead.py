@@ -212,7 +212,7 @@ def main() -> None:
 
     import ray
 
-    ray.init(num_cpus=3 * max(args.runners or [4]) + 1, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=3 * max(args.runners or [4]) + 1, include_dashboard=False, log_to_driver=False)
     work = tempfile.mkdtemp(prefix="bench_overhead_")
     rows = []
     try:

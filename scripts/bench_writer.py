@@ -178,7 +178,7 @@ def main() -> None:
         "writer none": replace(base, compression="none"),
         "writer gzip-1, float32 kept": replace(base, encode_uint8=False),
     }
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     work = tempfile.mkdtemp(prefix="bench_writer_")
     results: dict[tuple[str, str], list[float]] = {}
     disk: dict[tuple[str, str], int] = {}

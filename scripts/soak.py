@@ -34,7 +34,7 @@ def main() -> None:
     from rllib_recorder.inspect import verify_run
     from rllib_recorder.pool import writer_name
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     out = os.path.abspath(args.out)
     config = (
         PPOConfig().environment("CartPole-v1").env_runners(num_env_runners=2)

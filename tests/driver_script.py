@@ -11,7 +11,7 @@ from tests.envs import CountingEnv
 from tests.test_recording import ppo
 
 if __name__ == "__main__":
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     register_env("counting", lambda cfg: CountingEnv(cfg))
     config = ppo(runners=1).callbacks(RecorderCallback.configured(output_dir=sys.argv[1], coalesce_rows=0))
     algo = config.build_algo()

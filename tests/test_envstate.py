@@ -56,3 +56,62 @@ def test_restore_refuses_a_state_of_another_kind():
     kind, state = envstate.capture(env)
     with pytest.raises(ReplayError, match="pass the env the run was recorded with"):
         envstate.restore(make_atari_env("ALE/Breakout-v5", 84, 4, {}), kind, state)
+
+
+def test_state_blob_round_trips_arrays_and_meta_and_compresses_only_big_payloads():
+    frames = np.arange(4 * 84 * 84, dtype=np.float32).reshape(4, 84, 84) % 7
+    blob = envstate.pack({"frames": frames, "state": np.array([1.5, -2.0])}, {"rng": {"s": 3}, "layers": []})
+    arrays, meta = envstate.unpack(blob)
+    assert blob[:4] == envstate.MAGIC and blob[4] == 1 and len(blob) < frames.nbytes // 10
+    np.testing.assert_array_equal(arrays["frames"], frames)
+    assert arrays["frames"].dtype == np.float32 and meta == {"rng": {"s": 3}, "layers": []}
+    small = envstate.pack({"state": np.array([1.0, 2.0, 3.0, 4.0])}, {})
+    assert small[4] == 0 and envstate.unpack(small)[0]["state"].tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_schema_1_1_npz_start_states_still_restore():
+    import io
+    import json
+
+    env = gym.make("CartPole-v1")
+    env.reset(seed=3)
+    kind, blob = envstate.capture(env)
+    arrays, meta = envstate.unpack(blob)
+    old = io.BytesIO()
+    np.savez_compressed(old, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays)
+    fresh = gym.make("CartPole-v1")
+    fresh.reset(seed=99)
+    envstate.restore(fresh, kind, old.getvalue())
+    np.testing.assert_array_equal(fresh.unwrapped.state, env.unwrapped.state)
+
+
+def test_garbage_start_state_is_a_one_line_replay_error():
+    env = gym.make("CartPole-v1")
+    env.reset(seed=0)
+    with pytest.raises(ReplayError, match="start state is unreadable"):
+        envstate.restore(env, envstate.KIND_CLASSIC, b"RRS2\x00garbage")
+
+
+def test_start_state_is_not_captured_on_a_runner_that_does_not_record():
+    from types import SimpleNamespace
+
+    from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+
+    from rllib_recorder.config import RecorderConfig
+    from rllib_recorder.pool import Binding
+    from rllib_recorder.runner import keep_start_state, recorder_for
+
+    class Runner:  # what the recorder reads of an EnvRunner (weak-referenceable, like one)
+        def __init__(self, worker_index, in_evaluation):
+            self.worker_index, self.config = worker_index, SimpleNamespace(in_evaluation=in_evaluation)
+
+    vector_env = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")])
+    vector_env.reset(seed=0)
+    evaluation = Runner(1, True)
+    recorder_for(evaluation).bind(Binding("r", "/nonexistent", "ns", 1, RecorderConfig(record_evaluation=False)))
+    episode = SingleAgentEpisode()
+    keep_start_state(episode, vector_env, 0, evaluation)
+    assert not episode.custom_data
+    unbound = Runner(2, False)
+    keep_start_state(episode, vector_env, 0, unbound)  # not bound yet: captured (held until bound)
+    assert set(episode.custom_data) == {"rllib_recorder.start_state"}

@@ -146,19 +146,30 @@ def small_disk(tmp_path):
 @pytest.mark.slow
 def test_full_disk_reaches_the_driver_as_one_clear_error_and_keeps_earlier_rows(ray_session, small_disk):
     config = ppo(obs_kind="image", runners=1).training(train_batch_size=400)
-    algo = _build(config, small_disk, coalesce_rows=0, compression="none", hdf5_chunk_bytes=1 << 16)
-    results = []
+    algo = _build(config, small_disk, coalesce_rows=0, compression="none", hdf5_chunk_bytes=1 << 16,
+                  fail_on_error=True)
+    results, raised = [], None
     for _ in range(15):
-        results.append(algo.train())
-        if results[-1]["recorder"]["errors"]:
+        try:
+            results.append(algo.train())
+        except RecorderError as e:  # fail_on_error=True: the first result after the error raises
+            raised = e
             break
-    run_dir = results[-1]["recorder"]["run_dir"]
+    assert raised is not None, "the disk never filled"
+    message = str(raised)
+    assert "disk full" in message and "free space" in message and "\n" not in message
+    assert "fail_on_error=True" in message
+    # The env runner survived the refused chunks and still samples; it counted them.
+    from rllib_recorder.runner import recorder_for
+
+    def sample_and_count(runner):
+        steps = sum(len(e) for e in runner.sample())
+        return steps, recorder_for(runner).stats()
+
+    (steps, stats), = algo.env_runner_group.foreach_env_runner(sample_and_count, local_env_runner=False)
+    assert steps > 0 and stats["chunks_failed"] >= 1
+    run_dir = next(base for base, _, names in os.walk(small_disk) if "manifest.json" in names)
     algo.stop()
-    recorder = results[-1]["recorder"]
-    assert recorder["errors"] >= 1, "the disk never filled"
-    assert "disk full" in recorder["last_error"] and "\n" not in recorder["last_error"]
-    assert "free space" in recorder["last_error"]
-    assert results[-1]["env_runners"]["num_env_steps_sampled_lifetime"] > 0  # the runner kept sampling
     for _ in range(30):  # the writer that could not close its file is killed by algo.stop(), asynchronously
         try:
             counts = check_run(run_dir, "image", statuses=("running", "finished"))  # earlier rows intact
@@ -169,6 +180,7 @@ def test_full_disk_reaches_the_driver_as_one_clear_error_and_keeps_earlier_rows(
     assert counts["agent_steps"] > 0
     with open_run(run_dir) as run:
         assert run.num_env_steps == counts["agent_steps"]
+    assert not [n for n in os.listdir(run_dir) if n.endswith(".rewrite-tmp")]  # no half-made compaction left
 
 
 def _snapshot(root) -> dict[str, tuple[str, int]]:
