@@ -221,8 +221,8 @@ class WorkerFile:
             kind = frag_group["start_state_kind"][where[0]].decode()
             state = frag_group["start_state"][where[0]].tobytes() if kind else b""
         versions = read("weights_seq_no")
-        learner = self._batches().get("learner_version")
-        learner_rows = (np.concatenate([np.full(int(frags["num_rows"][i]), learner[frags["batch"][i]], np.int64)
+        learner = self.h5["batches"].get("learner_version")  # only the column needed, not the whole index
+        learner_rows = (np.concatenate([np.full(int(frags["num_rows"][i]), learner[int(frags["batch"][i])], np.int64)
                                         for i in where]) if learner is not None else np.full(len(versions), -1))
         return Episode(
             eps_id=eps_id, agent_id=agent, worker_index=self.worker_index, obs=obs,
