@@ -29,7 +29,9 @@ class RecorderCallback(RLlibCallback):
     * ``on_algorithm_init`` (algorithm process): checks the output dir, creates the
       run directory and manifest, asks every env runner for its Ray node, starts
       the writer actors on each of those nodes, connects every env runner to a
-      writer on its own node, and hooks ``Algorithm.cleanup`` so that
+      writer on its own node, makes every learner report each weights version it
+      finishes to the writers (``learner.py``: the source of the stored learner version
+      and so of the policy lag), and hooks ``Algorithm.cleanup`` so that
       ``algo.stop()`` (and the end of a Tune trial) drains every runner, closes
       every file and marks the manifest finished. Bad settings raise here.
     * ``on_episode_start`` (each env runner, new API stack, single agent): captures the
@@ -40,9 +42,9 @@ class RecorderCallback(RLlibCallback):
       asynchronously; it waits only when ``max_in_flight`` chunks are
       unacknowledged. Any exception is caught, logged once with its cause and
       counted: the env runner never crashes because of the recorder.
-    * ``on_train_result`` (algorithm process): tells the writers the learner's
-      version and adds ``result["recorder"]`` (steps and bytes stored, chunks in
-      flight, sampler wait, drops, errors, policy lag); with
+    * ``on_train_result`` (algorithm process): adds ``result["recorder"]`` (steps and
+      bytes stored, chunks in flight, sampler wait, drops, errors, policy lag, the
+      produced/stored/consumed rates) and updates the Tune experiment's index; with
       ``fail_on_error=True`` it raises there once any error was counted.
     * ``on_env_runners_recreated``: connects the recreated runners, to writers on
       their (possibly new) nodes, started there first if needed.

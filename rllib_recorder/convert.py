@@ -59,6 +59,12 @@ class Chunk:
         return sum(s.num_rows for s in self.streams.values())
 
     @property
+    def policy_versions(self) -> np.ndarray:
+        """The behaviour-policy version of every step of every stream (-1: unknown)."""
+        parts = [s.steps["weights_seq_no"] for s in self.streams.values() if "weights_seq_no" in s.steps]
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+    @property
     def nbytes(self) -> int:
         return sum(
             a.nbytes for s in self.streams.values() for cols in (s.steps, s.fragments)

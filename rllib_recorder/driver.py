@@ -5,19 +5,24 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import socket
 import time
 import uuid
+import weakref
 from collections import Counter
 from typing import Any
 
 import ray
 
 from rllib_recorder.config import RecorderConfig
+from rllib_recorder.learner import hook_learners
 from rllib_recorder.errors import OutputDirError, RecorderError
+from rllib_recorder.index import entry_from_manifest, update_run
 from rllib_recorder.manifest import now_iso, versions, write_manifest
 from rllib_recorder.pool import Binding, WriterPool, current_node_id
 from rllib_recorder.runner import bind_env_runner, drain_env_runner, recorder_for, runner_node_id
+from rllib_recorder.staleness import PERCENTILES, interval_rates, lag_summary
 
 logger = logging.getLogger(__name__)
 
@@ -57,19 +62,29 @@ class RunRecorder:
             )
         os.makedirs(self.run_dir, exist_ok=True)
         self.run_id = uuid.uuid4().hex[:16]
+        self._started_monotonic = time.monotonic()
         self.closed = False
         self.learner_version = -1
         self.learner_version_since = time.time()
         self.errors: Counter[str] = Counter()
-        self._rate_base: tuple[float, int, int, int] | None = None
+        self._rate_base: tuple[float, int, int, int] = (time.monotonic(), 0, 0, 0)
+        self._lifetime: dict[str, float] = {}
         self.manifest = self._initial_manifest(algorithm)
         write_manifest(self.run_dir, self.manifest)
+        # Under Tune the experiment directory indexes its trials' runs (recorder_index.json).
+        self.experiment_dir = os.path.dirname(self.run_dir) if self.manifest["trial"] else None
+        self._update_index()
         self.pool = WriterPool(self.run_id, self.run_dir, config, current_node_id())
+        self.binding = self._binding()
+        self._algorithm = weakref.ref(algorithm)
+        self.learners_reporting = 0
         if config_is_new_stack(algorithm):
             self.learner_version = 0  # RLlib's learners start at weights_seq_no 0
         self._writers_added()
         for group, _ in self._groups(algorithm):
             self.bind(group)
+        # After binding: every node with runners has its writers, and the learners report to all of them.
+        self.learners_reporting = self._hook_learners(algorithm)
         self._install_stop_hook(algorithm)
         logger.info("rllib_recorder: recording into %s", self.run_dir)
 
@@ -95,6 +110,9 @@ class RunRecorder:
         self.binding = self._binding()
         self.manifest["writer_nodes"] = self.pool.writer_nodes()
         write_manifest(self.run_dir, self.manifest)
+        algorithm = self._algorithm()
+        if self.learners_reporting and algorithm is not None:  # learners report to the new writers too
+            self.learners_reporting = self._hook_learners(algorithm)
 
     def _binding(self) -> Binding:
         return Binding(
@@ -103,12 +121,14 @@ class RunRecorder:
         )
 
     def on_train_result(self, result: dict[str, Any]) -> None:
-        """Tells writers the learner's version and adds ``result['recorder']``."""
+        """Adds ``result['recorder']`` (and tells writers the learner's version if learners don't report it)."""
         version = _learner_version(result)
         if version is not None and version != self.learner_version:
             self.learner_version, self.learner_version_since = version, time.time()
-            self.pool.set_learner_version(version, self.learner_version_since)
+            if not self.learners_reporting:  # coarse: known only once per iteration
+                self.pool.set_learner_version(version, self.learner_version_since)
         result["recorder"] = self.metrics(self.pool.stats(), result)
+        self._update_index(env_steps=result["recorder"]["env_steps_stored"])
         errors = result["recorder"]["errors"]
         if self.config.fail_on_error and errors:
             cause = result["recorder"]["last_error"] or "see the env runner logs"
@@ -129,7 +149,7 @@ class RunRecorder:
             for runner in stats.get("runners", {}).values():
                 runners.update({k: runner.get(k, 0) for k in _RUNNER_SUMS})
                 max_wait = max(max_wait, runner.get("max_wait_s", 0.0))
-        total_lag = sum(lag.values())
+        lags = lag_summary(lag)
         last_error = next((s["last_error"] for s in writer_stats if s.get("last_error")), None) or next(
             (r["last_error"] for s in writer_stats for r in s.get("runners", {}).values() if r.get("last_error")),
             None)
@@ -148,12 +168,15 @@ class RunRecorder:
             "errors": writers["errors"] + runners["errors"] + runners["chunks_failed"] + sum(self.errors.values()),
             "learner_version": self.learner_version,
             "last_error": last_error, "runner_restarts_seen": restarts,
-            "policy_lag_mean": sum(k * v for k, v in lag.items()) / total_lag if total_lag else 0.0,
-            "policy_lag_max": max(lag) if lag else 0,
-            "policy_lag_hist": {str(k): v for k, v in sorted(lag.items())},
+            "learners_reporting": self.learners_reporting,
+            "policy_lag_mean": lags["mean"] if lags["steps"] else 0.0,
+            "policy_lag_max": lags["max"] if lags["steps"] else 0,
+            "policy_lag_hist": lags["hist"], "policy_lag_unknown_steps": lags["unknown"],
+            **{f"policy_lag_p{p}": lags[f"p{p}"] for p in PERCENTILES},
         }
         if result is not None:
             out.update(self._rates(out["env_steps_stored"], result))
+        out.update({k: v for k, v in self._lifetime.items() if k not in out})
         return out
 
     def close(self, algorithm: Any) -> dict[str, Any]:
@@ -173,6 +196,7 @@ class RunRecorder:
             nodes=sorted({s.get("node") for s in writer_stats if s.get("node")}),
         )
         write_manifest(self.run_dir, self.manifest)
+        self._update_index()
         if totals["unacked_at_stop"]:
             logger.error("rllib_recorder: %d chunk(s) were not acknowledged before stop",
                          totals["unacked_at_stop"])
@@ -223,25 +247,51 @@ class RunRecorder:
             "api_stack": "new" if config_is_new_stack(algorithm) else "old",
             "batch_mode": config.batch_mode, "num_env_runners": config.num_env_runners,
             "trial": tune_names(algorithm)[1],
+            "trial_name": tune_trial(tune_names(algorithm)[1])[0], "trial_id": tune_trial(tune_names(algorithm)[1])[1],
             "experiment": tune_names(algorithm)[0],
             "spaces": _spaces(algorithm), "recorder": self.config.to_dict(),
             "driver_host": socket.gethostname(),
         }
 
-    def _rates(self, stored: int, result: dict[str, Any]) -> dict[str, float]:
-        """TianJi's three rates: samples produced, stored and consumed per second."""
+    def _rates(self, stored: int, result: dict[str, Any]) -> dict[str, Any]:
+        """TianJi's three rates since the last result: env steps produced, stored and consumed per second.
+
+        Produced: sampled by the env runners (RLlib's lifetime count); stored: committed by the
+        writers; consumed: trained on by the learners. ``steps_not_stored`` is what the env runners
+        sampled and the writers have not committed (held, in flight, dropped or failed): writers that
+        keep up hold it near one coalescing window.
+        """
         produced = int(_find(result, ("env_runners", "num_env_steps_sampled_lifetime"), 0) or 0)
         consumed = int(_find(result, ("learners", "__all_modules__", "num_env_steps_trained_lifetime"), 0) or 0)
-        now = time.monotonic()
-        base, self._rate_base = self._rate_base, (now, produced, stored, consumed)
-        if base is None or now <= base[0]:
-            return {}
-        dt = now - base[0]
-        return {
-            "produced_steps_per_s": (produced - base[1]) / dt,
-            "stored_steps_per_s": (stored - base[2]) / dt,
-            "consumed_steps_per_s": (consumed - base[3]) / dt,
+        now = (time.monotonic(), produced, stored, consumed)
+        rates = interval_rates(self._rate_base, now)
+        self._rate_base = now
+        self._lifetime = {
+            "env_steps_sampled": produced, "env_steps_trained": consumed,
+            "recording_s": now[0] - self._started_monotonic, "last_result_at_s": time.time(),
         }
+        return {**rates, "steps_not_stored": max(0, produced - stored)}
+
+    def _update_index(self, **changes: Any) -> None:
+        if self.experiment_dir is None:
+            return
+        try:
+            update_run(self.experiment_dir, self.run_dir, {**entry_from_manifest(self.manifest), **changes})
+        except Exception as e:  # the index is a convenience; the run's manifest stays the truth
+            self.errors["index"] += 1
+            logger.warning("rllib_recorder: updating %s failed: %s", self.experiment_dir, e)
+
+    def _hook_learners(self, algorithm: Any) -> int:
+        """Makes the learners report their versions to the writers; 0 if they can't (old stack)."""
+        if not config_is_new_stack(algorithm):
+            return 0
+        try:
+            return hook_learners(algorithm, self.run_id, self.binding.namespace, self.pool.names)
+        except Exception as e:  # fall back to the driver's once-per-iteration version
+            self.errors["learner_hook"] += 1
+            logger.warning("rllib_recorder: learners cannot report their versions (%s: %s); the policy lag "
+                           "falls back to once per iteration", type(e).__name__, e)
+            return 0
 
 
 def record_sample(env_runner: Any, samples: Any) -> None:
@@ -260,6 +310,16 @@ def tune_names(algorithm: Any) -> tuple[str | None, str | None]:
     if not trial:
         return None, None
     return getattr(storage, "experiment_dir_name", None), str(trial)
+
+
+def tune_trial(trial_dir: str | None) -> tuple[str | None, str | None]:
+    """(trial name, trial id) read from Tune's default trial dir name ``<name>_<id>_<tag>``.
+
+    An Algorithm in a Tune trial is not told its trial id (results get it outside the trial);
+    its dir name holds both. (None, None) outside Tune or with a custom ``trial_dirname_creator``.
+    """
+    match = re.match(r"^(.*?_([0-9a-f]{5,8}_\d{5}))(_|$)", trial_dir or "")
+    return (match.group(1), match.group(2)) if match else (None, None)
 
 
 def config_is_new_stack(algorithm: Any) -> bool:

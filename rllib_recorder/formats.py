@@ -59,12 +59,13 @@ def to_sample_batch(episode: "Episode") -> Any:
         "rewards": episode.rewards, "terminateds": episode.terminateds, "truncateds": episode.truncateds,
         "eps_id": np.full(n, episode.eps_id), "t": episode.t, "weights_seq_no": episode.weights_seq_no,
         **episode.extra_model_outputs,
+        **({"policy_lag": episode.policy_lag} if len(episode.policy_lag) == n else {}),
     }
     return SampleBatch(columns)
 
 
 def to_dataframe(files: Iterable["WorkerFile"]) -> Any:
-    """One row per step: worker, agent and the scalar step columns (actions too when they are scalars)."""
+    """One row per step: worker, agent, the scalar step columns (actions too when they are scalars), policy lag."""
     pd = require_extra("pandas")
     frames = []
     for f in files:
@@ -75,6 +76,7 @@ def to_dataframe(files: Iterable["WorkerFile"]) -> Any:
                 value = f.column(agent, path, rows) if path in f.h5[f"agents/{agent}/steps"] else None
                 if isinstance(value, np.ndarray) and value.ndim == 1:
                     data[path] = value.astype(str) if path == "eps_id" else value
+            data["policy_lag"] = f.policy_lag(agent)
             frames.append(pd.DataFrame(data, index=pd.RangeIndex(f.num_rows(agent))))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 

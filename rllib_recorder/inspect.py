@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 import numpy as np
 
 from rllib_recorder import schema
 from rllib_recorder.reader import open_run
+from rllib_recorder.staleness import count_lags, lag_summary, stored_rates
 
 
 def summarize(run_dir: str) -> dict[str, Any]:
@@ -18,14 +19,19 @@ def summarize(run_dir: str) -> dict[str, Any]:
         manifest = run.manifest
         totals = manifest.get("totals", {})
         returns, episodes, steps = [], 0, 0
+        lags: Counter[int] = Counter()
         for f in run.files:
             with schema.damaged_file_errors(f.path):
                 file_steps, file_episodes, file_returns = _file_summary(f)
+                if not f.is_evaluation:
+                    for agent in f.agents:
+                        lags.update(count_lags(f.policy_lag(agent)))
             steps, episodes, returns = steps + file_steps, episodes + file_episodes, returns + file_returns
         disk = sum(os.path.getsize(f.path) for f in run.files)
         raw = totals.get("raw_bytes") or 0
         return {
-            "run_dir": run_dir, "status": manifest.get("status"), "algorithm": manifest.get("algorithm"),
+            "run_dir": run_dir, "trial": manifest.get("trial_name") or manifest.get("trial"),
+            "status": manifest.get("status"), "algorithm": manifest.get("algorithm"),
             "env": manifest.get("env"), "api_stack": manifest.get("api_stack"),
             "started_at": manifest.get("started_at"), "finished_at": manifest.get("finished_at"),
             "files": len(run.files), "nodes": manifest.get("nodes"), "env_steps": steps,
@@ -35,8 +41,25 @@ def summarize(run_dir: str) -> dict[str, Any]:
             "return_max": float(np.max(returns)) if returns else None,
             "disk_bytes": disk, "compression_ratio": round(raw / disk, 2) if raw and disk else None,
             "chunks_dropped": totals.get("chunks_dropped"), "errors": totals.get("errors"),
-            "policy_lag_hist": totals.get("policy_lag_hist"),
+            "policy_lag": lag_summary(lags),
+            "rates": run_rates(run, totals),
         }
+
+
+def run_rates(run: Any, totals: dict[str, Any]) -> dict[str, Any]:
+    """TianJi's three rates of a run (training files), in env steps per second.
+
+    Produced and stored come from the batch index (see ``staleness.stored_rates``); consumed is the
+    learners' lifetime count kept in the manifest at the last train result, over the time from the
+    first stored sample to that result.
+    """
+    batches = [f.batches() for f in run.files if not f.is_evaluation and f.commit["batches"]]
+    rates = stored_rates(batches, totals.get("env_steps_sampled"))
+    trained, last = totals.get("env_steps_trained"), totals.get("last_result_at_s")
+    first = min((float(b["sampled_at_s"].min()) for b in batches), default=None)
+    span = last - first if last and first else None
+    rates["consumed_steps_per_s"] = trained / span if trained and span and span > 0 else None
+    return rates
 
 
 def _file_summary(f: Any) -> tuple[int, int, list[float]]:
@@ -110,3 +133,35 @@ def _continuity(agent: str, frags: dict[str, np.ndarray]) -> list[str]:
         if ids[i] == ids[i - 1] and t0[i] != t0[i - 1] + n[i - 1]:
             problems.append(f"{agent}: episode {ids[i].decode()} jumps from t={t0[i - 1] + n[i - 1]} to t={t0[i]}")
     return problems
+
+
+def is_experiment_dir(path: str) -> bool:
+    """True for a directory of runs (a Tune experiment): no manifest of its own, runs below it."""
+    from rllib_recorder.index import INDEX_NAME, run_dirs
+
+    return (os.path.isdir(path) and not os.path.isfile(os.path.join(path, "manifest.json"))
+            and (bool(run_dirs(path)) or os.path.isfile(os.path.join(path, INDEX_NAME))))
+
+
+def summarize_experiment(experiment_dir: str) -> dict[str, Any]:
+    """One row per run of an experiment directory (from each run's manifest and files), and totals."""
+    from rllib_recorder.index import read_index, run_dirs
+
+    indexed = read_index(experiment_dir)["runs"]
+    rows = []
+    for run_dir in run_dirs(experiment_dir):
+        run = summarize(run_dir)
+        manifest_trial = run.pop("trial", None)
+        lag, rates = run["policy_lag"], run["rates"]
+        rows.append({
+            "run_dir": os.path.basename(run_dir), "trial": manifest_trial, "status": run["status"],
+            "env_steps": run["env_steps"], "files": run["files"], "disk_bytes": run["disk_bytes"],
+            "lag_p50": lag["p50"], "lag_p99": lag["p99"], "lag_max": lag["max"], "lag_mean": lag["mean"],
+            "produced_steps_per_s": rates["produced_steps_per_s"], "stored_steps_per_s": rates["stored_steps_per_s"],
+            "consumed_steps_per_s": rates["consumed_steps_per_s"],
+        })
+    missing = sorted(set(indexed) - {r["run_dir"] for r in rows})
+    totals = {k: sum(r[k] or 0 for r in rows) for k in ("env_steps", "files", "disk_bytes")}
+    totals["runs"] = len(rows)
+    totals["status"] = dict(sorted(Counter(str(r["status"]) for r in rows).items()))
+    return {"experiment_dir": experiment_dir, "runs": rows, "totals": totals, "indexed_but_missing": missing}

@@ -9,6 +9,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+import numpy as np
+
 from rllib_recorder.convert import Chunk, merge_chunks
 
 logger = logging.getLogger(__name__)
@@ -97,11 +99,21 @@ class Outbox:
         self._pending: list[Chunk] = []
         self._pending_bytes = 0
         self._pending_since: float | None = None
+        self._pending_versions: tuple[int, ...] = ()
         self._in_flight: OrderedDict[int, _InFlight] = OrderedDict()
 
     def add(self, chunk: Chunk) -> None:
-        """Queues one sample's chunk; sends once enough rows (or bytes, or time) have piled up."""
+        """Queues one sample's chunk; sends once enough rows (or bytes, or time) have piled up.
+
+        Samples taken with other behaviour-policy versions than those held are never coalesced
+        with them: a stored chunk's learner version is looked up at its first sample's time, and
+        must hold for every step in it (see docs/FORMAT.md, "Policy lag").
+        """
         self.stats.samples += 1
+        versions = _versions(chunk)
+        if self._pending and versions != self._pending_versions:
+            self.flush()
+        self._pending_versions = versions
         if not self._pending:
             self._pending_since = self.clock()
         self._pending.append(chunk)
@@ -231,3 +243,7 @@ class Outbox:
                 flight.retry_at_s = None
                 flight.attempts += 1
                 self.stats.resends += 1
+
+
+def _versions(chunk: Chunk) -> tuple[int, ...]:
+    return tuple(np.unique(chunk.policy_versions).tolist())

@@ -25,15 +25,9 @@ def episode_returns(f: WorkerFile, agent: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def policy_lags(f: WorkerFile, agent: str) -> np.ndarray:
-    """Per step: the learner's version when the chunk was sampled minus the version that acted (known ones only)."""
-    frags, batches = f.fragments(agent), f.batches()
-    if not len(frags["eps_id"]) or "learner_version" not in batches:
-        return np.zeros(0, np.int64)
-    learner = np.repeat(batches["learner_version"][frags["batch"]], frags["num_rows"])
-    rows = np.concatenate([np.arange(s, s + n) for s, n in zip(frags["first_row"], frags["num_rows"])])
-    acted = f.column(agent, "weights_seq_no", slice(0, f.num_rows(agent)))[rows]
-    known = (learner >= 0) & (acted >= 0)
-    return (learner - acted)[known]
+    """Per step with known versions: the learner's version stored with its chunk minus the version that acted."""
+    lags = f.policy_lag(agent)
+    return lags[lags >= 0]
 
 
 def plot_run(run: Run, out_path: str) -> dict[str, Any]:
@@ -62,8 +56,9 @@ def plot_run(run: Run, out_path: str) -> dict[str, Any]:
     ax_ret.legend(fontsize="small")
     bins = np.arange(lags.min(), lags.max() + 2) - 0.5 if len(lags) else 1
     ax_lag.hist(lags, bins=bins)
-    ax_lag.set(xlabel="policy lag (learner version - acting version)", ylabel="steps",
+    ax_lag.set(xlabel="policy lag per step (learner version - behaviour version)", ylabel="steps",
                title=f"Policy lag ({len(lags)} steps with known versions)")
+    ax_lag.xaxis.get_major_locator().set_params(integer=True)
     fig.suptitle(f"{run.manifest.get('algorithm')} on {run.manifest.get('env')}")
     fig.tight_layout()
     fig.savefig(out_path, dpi=100)

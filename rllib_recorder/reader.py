@@ -14,6 +14,7 @@ import numpy as np
 from rllib_recorder import schema
 from rllib_recorder.errors import SchemaError
 from rllib_recorder.manifest import read_manifest
+from rllib_recorder.staleness import rows_learner_version, step_lags
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class Episode:
     module_id: str = ""
     start_state_kind: str = ""
     start_state: bytes = field(default=b"", repr=False)
+    policy_lag: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
 
     def __len__(self) -> int:
         return len(self.rewards)
@@ -164,6 +166,22 @@ class WorkerFile:
             info = {k: (v[row].decode() if isinstance(v[row], bytes) else v[row].item()) for k, v in index.items()}
             yield Batch(self.worker_index, self.is_evaluation, row, info, steps)
 
+    def learner_versions(self, agent: str) -> np.ndarray:
+        """Per step row of ``agent``: the learner's version stored with the row's chunk (-1: unknown)."""
+        with schema.damaged_file_errors(self.path):
+            batches = self._batches()
+            if "learner_version" not in batches:
+                return np.full(self.num_rows(agent), -1, np.int64)
+            return rows_learner_version(self._fragments(agent), batches["learner_version"], self.num_rows(agent))
+
+    def policy_lag(self, agent: str) -> np.ndarray:
+        """Per step row of ``agent``: learner version minus behaviour version (``weights_seq_no``); -1: unknown.
+
+        See docs/FORMAT.md, "Policy lag", for what the learner version is.
+        """
+        rows = slice(0, self.num_rows(agent))
+        return step_lags(self.learner_versions(agent), self.column(agent, "weights_seq_no", rows))
+
     def column(self, agent: str, path: str, rows: slice = slice(None)) -> Any:
         """One step column of ``agent`` (nested spaces come back as dicts/tuples)."""
         return _read(self.h5[f"agents/{agent}/steps/{path}"], rows)
@@ -202,11 +220,15 @@ class WorkerFile:
         if "start_state_kind" in frag_group and frags["t_start"][where[0]] == 0:
             kind = frag_group["start_state_kind"][where[0]].decode()
             state = frag_group["start_state"][where[0]].tobytes() if kind else b""
+        versions = read("weights_seq_no")
+        learner = self.h5["batches"].get("learner_version")  # only the column needed, not the whole index
+        learner_rows = (np.concatenate([np.full(int(frags["num_rows"][i]), learner[int(frags["batch"][i])], np.int64)
+                                        for i in where]) if learner is not None else np.full(len(versions), -1))
         return Episode(
             eps_id=eps_id, agent_id=agent, worker_index=self.worker_index, obs=obs,
-            start_state_kind=kind, start_state=state,
+            start_state_kind=kind, start_state=state, policy_lag=step_lags(learner_rows, versions),
             actions=read("actions"), rewards=read("rewards"), terminateds=read("terminateds"),
-            truncateds=read("truncateds"), t=read("t"), weights_seq_no=read("weights_seq_no"),
+            truncateds=read("truncateds"), t=read("t"), weights_seq_no=versions,
             extra_model_outputs=extras, infos=infos,
             module_id=frag_group["module_id"][last].decode() if "module_id" in frag_group else "",
         )

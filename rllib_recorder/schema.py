@@ -38,7 +38,8 @@ BATCH_COLUMNS = {
     "num_samples": "on_sample_end calls coalesced into the chunk",
     "sampled_at_s": "wall time (Unix s) of the chunk's first on_sample_end",
     "written_at_s": "wall time (Unix s) the writer committed the chunk",
-    "learner_version": "learner's weights_seq_no in effect when the chunk was sampled (-1: unknown)",
+    "learner_version": "newest weights_seq_no the learner had finished when the chunk was sampled "
+                       "(-1: unknown; see 'Policy lag')",
     "weights_seq_no_min": "oldest behaviour-policy version in the chunk",
     "weights_seq_no_max": "newest behaviour-policy version in the chunk",
     "raw_bytes": "bytes of the chunk's arrays before compression",

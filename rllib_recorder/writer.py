@@ -14,13 +14,15 @@ from collections import Counter
 from typing import Any
 
 import h5py
-import numpy as np
 
 from rllib_recorder import schema
 from rllib_recorder.convert import Chunk
+from rllib_recorder.staleness import chunk_learner_version, count_lags, step_lags
 from rllib_recorder.errors import RecorderError, WriterError
 
 logger = logging.getLogger(__name__)
+# Learner versions kept for look-ups (APPO reports many per second); the older half goes when full.
+MAX_VERSION_REPORTS = 200_000
 
 
 class RecordingWriter:
@@ -38,7 +40,7 @@ class RecordingWriter:
         self.run_id = run_id
         self.storage = storage
         self.file_tag = file_tag
-        # (wall time, learner version) as told by the driver, oldest first.
+        # (wall time, learner version) as reported by the learners, oldest first, versions increasing.
         self._versions: list[tuple[float, int]] = []
         self._files: dict[tuple[int, bool], h5py.File] = {}
         self._paths: set[str] = set()
@@ -76,7 +78,7 @@ class RecordingWriter:
             self._totals["duplicate_chunks"] += 1
             return {"seq": seq, "duplicate": True, "rows": 0}
         start = time.perf_counter()
-        learner_version = self.learner_version_at(chunk.sampled_at_s)
+        learner_version = chunk_learner_version(self.learner_version_at(chunk.sampled_at_s), chunk.policy_versions)
         try:
             schema.append_chunk(
                 h5, chunk, sender_id=sender_id, seq=seq, learner_version=learner_version,
@@ -109,13 +111,22 @@ class RecordingWriter:
         self._sender_stats[f"{'eval-' if is_evaluation else ''}{worker_index}"] = sender_stats
 
     def set_learner_version(self, version: int, at_s: float | None = None) -> None:
-        """The learner's weights_seq_no from wall time ``at_s`` (default: now) on."""
+        """The learner finished weights ``version`` at wall time ``at_s`` (default: now).
+
+        Reports of older or equal versions are ignored (several learners report the same
+        version); a report timed before the previous one counts from the previous one's time.
+        """
         at_s = time.time() if at_s is None else float(at_s)
-        if not self._versions or at_s >= self._versions[-1][0]:
-            self._versions.append((at_s, int(version)))
+        if self._versions and int(version) <= self._versions[-1][1]:
+            return
+        if self._versions:
+            at_s = max(at_s, self._versions[-1][0])
+        self._versions.append((at_s, int(version)))
+        if len(self._versions) > MAX_VERSION_REPORTS:
+            del self._versions[: len(self._versions) // 2]
 
     def learner_version_at(self, at_s: float) -> int:
-        """The learner's version in effect at wall time ``at_s`` (-1 before the first)."""
+        """The newest learner version finished at or before wall time ``at_s`` (-1: unknown)."""
         i = bisect.bisect_right(self._versions, (at_s, float("inf")))
         return self._versions[i - 1][1] if i else -1
 
@@ -220,13 +231,8 @@ class RecordingWriter:
         self._totals["agent_steps"] += chunk.agent_steps
         self._totals["raw_bytes"] += chunk.nbytes
         self._totals["write_s"] += write_s
-        if learner_version < 0:
-            return
         for stream in chunk.streams.values():
-            versions = stream.steps["weights_seq_no"]
-            known = versions[versions >= 0]
-            lags, counts = np.unique(learner_version - known, return_counts=True)
-            self._lag.update(dict(zip(lags.tolist(), counts.tolist())))
+            self._lag.update(count_lags(step_lags(learner_version, stream.steps["weights_seq_no"])))
 
 
 def _size(h5: h5py.File) -> int:

@@ -28,3 +28,15 @@ SINK: list = []
 def collect(item) -> None:
     """A `replay --to tests.helpers:collect` target: keeps what it is given."""
     SINK.append(item)
+
+
+def update_index_many(args) -> None:
+    """A process of the concurrent-index test: updates its run's entry many times (imports little: spawned)."""
+    import os
+
+    from rllib_recorder.index import update_run
+
+    experiment_dir, name, times = args
+    for i in range(times):
+        update_run(experiment_dir, os.path.join(experiment_dir, name), {"status": "running", "env_steps": i})
+    update_run(experiment_dir, os.path.join(experiment_dir, name), {"status": "finished", "env_steps": times})

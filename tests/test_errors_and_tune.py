@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 
+import numpy as np
 import pytest
 from ray import tune
 from ray.rllib.algorithms.appo import APPOConfig
 from ray.rllib.algorithms.ppo import PPOConfig
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
+from click.testing import CliRunner
+
 from rllib_recorder import ConfigError, OutputDirError, RecorderCallback, RecorderConfig, RecorderError
+from rllib_recorder.cli import main
 from rllib_recorder.reader import open_run
 from tests.integrity import check_run
 from tests.test_recording import ppo, record
@@ -78,20 +83,54 @@ def test_second_run_never_overwrites_the_first(ray_session, tmp_path):
     check_run(run_dir)
 
 
-def test_asynchronous_appo_run_is_recorded_exactly(ray_session, tmp_path):
+def test_asynchronous_appo_run_is_recorded_exactly_with_its_policy_lag(ray_session, tmp_path):
     config = (
         APPOConfig().environment("counting", env_config={"obs_kind": "vector"})
-        .env_runners(num_env_runners=1, rollout_fragment_length=20)  # 2 CPUs: runner + aggregator
-        .training(train_batch_size_per_learner=100)
+        .env_runners(num_env_runners=1, rollout_fragment_length=20)  # 2 CPUs: 1 env runner, the learner here
+        .learners(num_learners=0)
+        # weights reach the env runner every 3rd training step: the learner runs ahead meanwhile
+        .training(train_batch_size_per_learner=40, broadcast_interval=3)
         .reporting(min_time_s_per_iteration=1)
+        .callbacks(RecorderCallback.configured(output_dir=str(tmp_path / "rec")))
     )
-    run_dir, results, _ = record(config, tmp_path, iterations=3)
+    algo = config.build_algo()
+    for _ in range(40):  # APPO's first samples take a few seconds to arrive on 2 CPUs
+        result = algo.train()
+        if result["recorder"]["policy_lag_max"] > 0 and result["recorder"]["consumed_steps_per_s"] > 0:
+            break
+    algo.stop()
+    run_dir = result["recorder"]["run_dir"]
+    assert result["recorder"]["learners_reporting"] == 1
+    assert {k for k, v in result["recorder"].items() if k.endswith("_steps_per_s") and v > 0} == {
+        "produced_steps_per_s", "stored_steps_per_s", "consumed_steps_per_s"}
     counts = check_run(run_dir)
     with open_run(run_dir) as run:
-        assert run.num_env_steps == run.manifest["totals"]["env_steps_stored"] > 0
-        assert run.manifest["totals"]["unacked_at_stop"] == 0
-    assert results[-1]["recorder"]["errors"] == 0
-    assert counts["agent_steps"] == run.manifest["totals"]["env_steps_stored"]
+        assert run.num_env_steps == run.manifest["totals"]["env_steps_stored"] == counts["agent_steps"] > 0
+        assert run.manifest["totals"]["unacked_at_stop"] == 0 and run.manifest["totals"]["errors"] == 0
+        f = run.files[0]
+        lags = f.policy_lag("default_agent")
+        learner = f.learner_versions("default_agent")
+        acted = f.column("default_agent", "weights_seq_no", slice(0, len(lags)))
+        np.testing.assert_array_equal(lags, learner - acted)
+        assert lags.min() >= 0 and lags.max() > 0  # none negative, none unknown, some stale
+        hist = {str(k): int((lags == k).sum()) for k in np.unique(lags)}
+        assert run.manifest["totals"]["policy_lag_hist"] == hist
+
+    runner = CliRunner()
+    shown = runner.invoke(main, ["info", run_dir])
+    assert shown.exit_code == 0, shown.output
+    assert f"policy_lag_hist: {hist}" in shown.output
+    assert "rates (env steps/s): produced " in shown.output and "consumed -" not in shown.output
+    summary = json.loads(runner.invoke(main, ["info", run_dir, "--json"]).output)
+    assert summary["policy_lag"]["hist"] == hist and summary["policy_lag"]["unknown"] == 0
+    assert summary["policy_lag"]["max"] == int(lags.max())
+    for p in (50, 90, 99):
+        assert summary["policy_lag"][f"p{p}"] == int(np.percentile(lags, p, method="inverted_cdf"))
+    assert all(summary["rates"][k] > 0 for k in ("produced_steps_per_s", "stored_steps_per_s", "consumed_steps_per_s"))
+    plotted = runner.invoke(main, ["plot", run_dir, "-o", str(tmp_path / "lag.png")])
+    assert plotted.exit_code == 0, plotted.output
+    assert f"policy lags { {int(k): v for k, v in hist.items()} }" in plotted.output
+    assert (tmp_path / "lag.png").stat().st_size > 10_000
 
 
 def test_two_tune_trials_get_separate_complete_runs(ray_session, tmp_path):
@@ -110,8 +149,31 @@ def test_two_tune_trials_get_separate_complete_runs(ray_session, tmp_path):
     trial_dirs = sorted(os.path.basename(r.path) for r in results)
     assert [os.path.basename(d) for d in run_dirs] == trial_dirs
     assert {os.path.dirname(d) for d in run_dirs} == {str(tmp_path / "rec" / os.path.basename(results.experiment_path))}
+    experiment_dir = os.path.dirname(run_dirs[0])
+    index = json.loads(open(os.path.join(experiment_dir, "recorder_index.json")).read())
+    assert sorted(index["runs"]) == [os.path.basename(d) for d in run_dirs]
+    trial_ids = sorted(r.metrics["trial_id"] for r in results)
+    assert sorted(e["trial_id"] for e in index["runs"].values()) == trial_ids
     for run_dir in run_dirs:
         counts = check_run(run_dir)
         with open_run(run_dir) as run:
             assert [f.worker_index for f in run.files] == [0]  # the local env runner samples
-        assert counts["agent_steps"] > 0
+            entry = index["runs"][os.path.basename(run_dir)]
+            assert entry["status"] == "finished"
+            assert entry["env_steps"] == run.num_env_steps == counts["agent_steps"] > 0
+            assert entry["trial"] == os.path.basename(run_dir) and entry["trial_name"] in run_dir
+
+    shown = CliRunner().invoke(main, ["info", experiment_dir])
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    assert lines[0] == f"experiment {experiment_dir}: 2 run(s)"
+    rows = {line.split()[0]: line.split() for line in lines[2:]}
+    for run_dir in run_dirs:
+        with open_run(run_dir) as run:
+            row = rows[run.manifest["trial_name"]]
+            assert row[1:5] == ["finished", str(run.num_env_steps), "1", str(os.path.getsize(run.files[0].path))]
+            assert row[5:8] == ["0", "0", "0"]  # PPO: lag p50, p99, max
+    total = sum(int(row[2]) for name, row in rows.items() if name != "TOTAL")
+    assert rows["TOTAL"][1:3] == ["finished:2", str(total)]
+    summary = json.loads(CliRunner().invoke(main, ["info", experiment_dir, "--json"]).output)
+    assert summary["totals"]["runs"] == 2 and summary["totals"]["env_steps"] == total

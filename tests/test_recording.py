@@ -128,6 +128,28 @@ def test_behaviour_policy_versions_and_extras_are_stored(new_stack_run):
         assert episode.infos[1]["t"] == 1
 
 
+def test_synchronous_ppo_shows_policy_lag_zero_on_every_step(new_stack_run):
+    # 2 env runners, samples coalesced over iterations: each stored step acted with the learner's newest weights.
+    run_dir, results, _ = new_stack_run
+    assert results[-1]["recorder"]["learners_reporting"] == 1
+    assert set(results[-1]["recorder"]["policy_lag_hist"]) == {"0"}
+    with open_run(run_dir) as run:
+        steps = 0
+        for f in run.files:
+            batches = f.batches()
+            assert (batches["learner_version"] == batches["weights_seq_no_min"]).all()
+            assert (batches["weights_seq_no_min"] == batches["weights_seq_no_max"]).all()
+            versions = f.column("default_agent", "weights_seq_no", slice(0, f.num_rows("default_agent")))
+            assert sorted(set(versions.tolist())) == [0, 1, 2]  # three iterations, three versions
+            lags = f.policy_lag("default_agent")
+            assert lags.tolist() == [0] * f.num_rows("default_agent")
+            steps += len(lags)
+        assert steps == run.num_env_steps == run.manifest["totals"]["policy_lag_hist"]["0"]
+        assert all((e.policy_lag == 0).all() and len(e.policy_lag) == len(e) for e in run.episodes())
+        frame = run.to_dataframe()
+        assert len(frame) == steps and (frame["policy_lag"] == 0).all()
+
+
 @pytest.mark.parametrize(
     "obs_kind, old_stack, multi_agent",
     [("vector", False, True), ("vector", True, False), ("vector", True, True), ("image", False, False),

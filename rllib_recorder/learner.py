@@ -1,0 +1,101 @@
+"""The learner side: each learner reports every weights version it finishes, with its wall time, to the writers.
+
+Why the learner and not the driver: RLlib's ``Learner.update()`` raises ``weights_seq_no`` by one per
+update, and the weights of that version exist once the update ends; env runners act with them only
+after a later sync. The driver hears of the version only at ``on_train_result``, after the sync and,
+for APPO/IMPALA (learner thread, several ``training_step`` calls per iteration), many versions late:
+samples taken with freshly synced weights then looked one version "ahead" of the learner. Reported
+from the learner at the end of each update, the timeline is exact for PPO (no update runs while
+env runners sample) and shows the true distance for asynchronous algorithms.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+logger = logging.getLogger(__name__)
+
+_HOOKED = "_rllib_recorder_run_id"
+
+
+def learner_version(learner: Any) -> int | None:
+    """The learner's ``weights_seq_no``: the number of updates it has run (RLlib keeps it private)."""
+    version = getattr(learner, "_weights_seq_no", None)
+    return None if version is None else int(version)
+
+
+class VersionReporter:
+    """Sends ``set_learner_version(version, at_s)`` to every writer of a run; never raises."""
+
+    def __init__(self, writer_actors: list[Any], clock: Callable[[], float] = time.time) -> None:
+        self.writer_actors = writer_actors
+        self.clock = clock
+        self.last_version: int | None = None
+        self.errors = 0
+
+    def report(self, version: int | None) -> None:
+        if version is None or version == self.last_version:
+            return
+        at_s = self.clock()
+        try:
+            for writer_actor in self.writer_actors:
+                writer_actor.set_learner_version.remote(version, at_s)
+            self.last_version = version
+        except Exception as e:  # a lost report only makes later lags look smaller
+            self.errors += 1
+            if self.errors == 1:
+                logger.warning("rllib_recorder: reporting learner version %s failed: %s", version, e)
+
+
+def hook_learner(learner: Any, run_id: str, writer_actors: list[Any]) -> int | None:
+    """Wraps ``learner.after_gradient_based_update`` to report each finished version (once per run;
+    hooking again only hands the reporter the current writers).
+
+    Run on each learner by the driver (``LearnerGroup.foreach_learner``), in the learner's process;
+    reports the learner's current version at once. Returns that version.
+    """
+    if getattr(learner, _HOOKED, None) == run_id:  # hooked already: writers were added on new nodes
+        learner._rllib_recorder_reporter.writer_actors = writer_actors
+        learner._rllib_recorder_reporter.last_version = None
+        learner._rllib_recorder_reporter.report(learner_version(learner))
+        return learner_version(learner)
+    reporter = VersionReporter(writer_actors)
+    original = getattr(learner, "_rllib_recorder_original_after_update", learner.after_gradient_based_update)
+
+    def after_gradient_based_update(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        reporter.report(learner_version(learner))
+        return result
+
+    learner._rllib_recorder_original_after_update = original
+    learner._rllib_recorder_reporter = reporter
+    learner.after_gradient_based_update = after_gradient_based_update
+    setattr(learner, _HOOKED, run_id)
+    reporter.report(learner_version(learner))
+    return learner_version(learner)
+
+
+def hook_learners(algorithm: Any, run_id: str, namespace: str, writer_names: list[str]) -> int:
+    """Hooks every learner of ``algorithm``; returns how many report (0: none, e.g. the old API stack)."""
+    group = getattr(algorithm, "learner_group", None)
+    if group is None:
+        return 0
+
+    def hook(learner: Any) -> int | None:
+        import ray
+
+        actors = [ray.get_actor(name, namespace=namespace) for name in writer_names]
+        return hook_learner(learner, run_id, actors)
+
+    results = group.foreach_learner(hook)
+    versions = [r for r in (_value(r) for r in results) if r is not None]
+    return len(versions)
+
+
+def _value(result: Any) -> Any:
+    """A plain value from ``foreach_learner`` (a list of values, or RemoteCallResults of CallResults)."""
+    if hasattr(result, "ok"):
+        return result.get() if result.ok else None
+    return result
