@@ -86,7 +86,12 @@ def hook_learners(algorithm: Any, run_id: str, namespace: str, writer_names: lis
     def hook(learner: Any) -> int | None:
         import ray
 
-        actors = [ray.get_actor(name, namespace=namespace) for name in writer_names]
+        actors = []
+        for name in writer_names:
+            try:
+                actors.append(ray.get_actor(name, namespace=namespace))
+            except ValueError:  # that writer is gone (its node left the cluster): nothing to tell it
+                pass
         return hook_learner(learner, run_id, actors)
 
     results = group.foreach_learner(hook)
