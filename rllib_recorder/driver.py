@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 import logging
 import os
 import re
@@ -329,9 +331,11 @@ def config_is_new_stack(algorithm: Any) -> bool:
 def _learner_version(result: dict[str, Any]) -> int | None:
     learners = result.get("learners") or {}
     versions_seen = [
-        int(v["weights_seq_no"]) for k, v in learners.items()
+        v["weights_seq_no"] for k, v in learners.items()
         if k != "__all_modules__" and isinstance(v, dict) and "weights_seq_no" in v
     ]
+    # APPO reports NaN before its learner's first update.
+    versions_seen = [int(x) for x in versions_seen if isinstance(x, numbers.Real) and math.isfinite(x)]
     return max(versions_seen) if versions_seen else None
 
 
