@@ -12,6 +12,7 @@ from typing import Any, Iterator, Mapping
 import h5py
 import numpy as np
 
+from rllib_recorder import h5repair
 from rllib_recorder.convert import Chunk, Stream
 from rllib_recorder.errors import SchemaError
 
@@ -145,6 +146,8 @@ def create_file(path: str, file_space: str = "none") -> h5py.File:
 def open_for_append(path: str, attrs: Mapping[str, Any], file_space: str = "none") -> h5py.File:
     """Opens (creating if needed) a worker file for appending, dropping uncommitted rows."""
     exists = os.path.exists(path)
+    if exists:  # before HDF5 opens it for writing, which would cut a killed writer's last bytes off
+        h5repair.extend_eoa_to_eof(path)
     h5 = h5py.File(path, "a") if exists else create_file(path, file_space)
     if not exists or "format" not in h5.attrs:
         from rllib_recorder import __version__

@@ -245,3 +245,36 @@ def test_freed_space_is_never_reused_and_dead_space_is_compacted_away_without_lo
     assert peak < 2 * data + (1 << 20) + 2 * (64 << 10) * 12
     assert path.stat().st_size < 1.5 * data + (1 << 20)
     assert stats["disk_bytes"] == path.stat().st_size
+
+
+def test_a_stale_end_of_allocation_left_by_a_kill_is_repaired_before_reopening_not_cut_off(tmp_path):
+    """A writer killed after HDF5 wrote a chunk and its index but before the superblock's EOA: the chunk's
+    bytes are in the file, past the EOA the superblock records. Opening for append must not cut them off."""
+    from rllib_recorder import h5repair
+
+    writer = _writer(tmp_path)
+    writer.append(1, False, b"s" * 32, 0, _noisy_chunk(0, 30))
+    path = tmp_path / "worker-001.h5"
+    writer._files[(1, False)].flush()
+    stale_eoa = path.stat().st_size
+    writer.append(1, False, b"s" * 32, 1, _noisy_chunk(30, 30))
+    writer.close()
+    # The superblock says the file ends where it ended before the second append (version 2: checksummed).
+    head = bytearray(path.read_bytes()[:48])
+    assert head[8] == 2
+    head[28:36] = stale_eoa.to_bytes(8, "little")
+    head[44:48] = h5repair.lookup3(bytes(head[:44])).to_bytes(4, "little")
+    with open(path, "r+b") as f:
+        f.write(head)
+    with pytest.raises(Exception, match="addr overflow|truncated|eoa"):
+        with h5py.File(path, "r") as h5:
+            h5["agents/default_agent/steps/obs"][()]
+    size = path.stat().st_size
+    again = _writer(tmp_path)  # a restarted writer reopens the file
+    again.append(1, False, b"t" * 32, 0, _noisy_chunk(60, 10))
+    again.close()
+    assert size > stale_eoa
+    with h5py.File(path, "r") as h5:
+        obs = h5["agents/default_agent/steps/obs"][()]
+        np.testing.assert_array_equal(obs[:, 0], np.arange(70))
+        assert json.loads(h5.attrs["commit"])["batches"] == 3
