@@ -154,8 +154,9 @@ class RecordingWriter:
             if self.storage.fsync:
                 os.fsync(h5.id.get_vfd_handle())
             h5.close()
-            # The file is final now: dead space worth a quarter of its data is worth one copy.
-            if _path_size(path) - data > max(data // 4, 1 << 20):
+            # The file is final now: dead space worth a quarter of its data is worth one copy
+            # (small files too: copying a few MiB takes milliseconds).
+            if _path_size(path) - data > max(data // 4, 64 << 10):
                 self._compact_closed(path)
         return self.stats()
 

@@ -107,9 +107,10 @@ def dir_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
-def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work: str) -> dict[str, Any]:
+def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work: str,
+              build_order: tuple[str, ...] = VARIANTS) -> dict[str, Any]:
     algos = {}
-    for variant in VARIANTS:
+    for variant in build_order:
         algos[variant] = build(env, runners, mode, variant, os.path.join(work, f"{env}-{runners}-{mode}-{variant}"))
     steps_total = defaultdict(int)
     for variant, algo in algos.items():  # warm up: env creation, first forward passes
@@ -209,6 +210,8 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["truncate_episodes", "complete_episodes"])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=None, help="timed block (default: cartpole 6, breakout 12)")
+    parser.add_argument("--build-order", nargs=3, default=list(VARIANTS), choices=VARIANTS,
+                        help="order in which the variants' algorithms are built (timing order rotates anyway)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/BENCHMARKS.md alone")
     args = parser.parse_args()
 
@@ -223,7 +226,7 @@ def main() -> None:
                 for mode in args.modes:
                     seconds = args.seconds or (6.0 if env == "cartpole" else 12.0)
                     print(f"{env}, {runners} runners, {mode}, {args.reps} x {seconds:.0f} s per variant", flush=True)
-                    rows.append(bench_row(env, runners, mode, args.reps, seconds, work))
+                    rows.append(bench_row(env, runners, mode, args.reps, seconds, work, tuple(args.build_order)))
     finally:
         ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)
