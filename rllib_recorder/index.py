@@ -17,7 +17,7 @@ import time
 from typing import Any, Iterator
 
 from rllib_recorder.errors import SchemaError
-from rllib_recorder.manifest import MANIFEST_NAME, read_manifest
+from rllib_recorder.manifest import MANIFEST_NAME, read_manifest, write_json_atomic
 
 INDEX_NAME = "recorder_index.json"
 LOCK_NAME = ".recorder_index.lock"
@@ -52,13 +52,7 @@ def read_index(experiment_dir: str) -> dict[str, Any]:
 
 def _write(experiment_dir: str, index: dict[str, Any]) -> None:
     index["updated_at_s"] = time.time()
-    path = os.path.join(experiment_dir, INDEX_NAME)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(index, f, indent=2, sort_keys=True, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_json_atomic(os.path.join(experiment_dir, INDEX_NAME), index)
 
 
 def update_run(experiment_dir: str, run_dir: str, entry: dict[str, Any]) -> None:

@@ -35,10 +35,14 @@ def now_iso() -> str:
 
 def write_manifest(run_dir: str, manifest: dict[str, Any]) -> str:
     """Writes ``manifest.json`` atomically (a crash leaves the old or the new one)."""
-    path = os.path.join(run_dir, MANIFEST_NAME)
+    return write_json_atomic(os.path.join(run_dir, MANIFEST_NAME), manifest)
+
+
+def write_json_atomic(path: str, value: Any) -> str:
+    """Writes ``value`` as JSON to ``path`` via an fsynced temporary file and a rename."""
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=2, sort_keys=True, default=str)
+        json.dump(value, f, indent=2, sort_keys=True, default=str)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
