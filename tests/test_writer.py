@@ -258,10 +258,10 @@ def test_a_stale_end_of_allocation_left_by_a_kill_is_repaired_before_reopening_n
     writer._files[(1, False)].flush()
     stale_eoa = path.stat().st_size
     writer.append(1, False, b"s" * 32, 1, _noisy_chunk(30, 30))
-    writer.close()
+    writer._files.pop((1, False)).close()  # flushed, then gone: no close-time compaction, like a killed writer
     # The superblock says the file ends where it ended before the second append (version 2: checksummed).
     head = bytearray(path.read_bytes()[:48])
-    assert head[8] == 2
+    assert head[8] in (2, 3)  # superblock versions 2-3 share this layout
     head[28:36] = stale_eoa.to_bytes(8, "little")
     head[44:48] = h5repair.lookup3(bytes(head[:44])).to_bytes(4, "little")
     with open(path, "r+b") as f:
