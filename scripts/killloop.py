@@ -145,10 +145,8 @@ def _sum_storage(path: str) -> int:
     """Bytes the datasets' chunks take (the rest of the file is metadata and dead space)."""
     import h5py
 
-    sizes: list[int] = []
     with h5py.File(path, "r") as h5:
-        h5.visititems(lambda _, o: sizes.append(o.id.get_storage_size()) if isinstance(o, h5py.Dataset) else None)
-    return sum(sizes)
+        return schema.chunk_bytes(h5)
 
 
 def space(file_space: str, rows: int, total_rows: int = 100_000) -> dict:
