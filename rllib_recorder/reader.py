@@ -11,7 +11,7 @@ from typing import Any, Iterator
 import h5py
 import numpy as np
 
-from rllib_recorder import schema
+from rllib_recorder import probe, schema
 from rllib_recorder.errors import SchemaError
 from rllib_recorder.manifest import read_manifest
 from rllib_recorder.staleness import rows_learner_version, step_lags
@@ -100,6 +100,7 @@ class WorkerFile:
     @property
     def h5(self) -> h5py.File:
         if self._h5 is None:
+            probe.ensure_readable([self.path])
             try:
                 self._h5 = h5py.File(self.path, "r")
             except OSError as e:
@@ -266,6 +267,7 @@ class Run:
         self.manifest = read_manifest(path)
         schema.check_version(self.manifest.get("schema_version"), os.path.join(path, "manifest.json"))
         self.files = [WorkerFile(p) for p in sorted(glob.glob(os.path.join(path, "*.h5")))]
+        probe.ensure_readable(f.path for f in self.files)  # one child for all files
 
     def __enter__(self) -> "Run":
         return self

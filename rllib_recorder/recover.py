@@ -8,7 +8,7 @@ from typing import Any
 
 import h5py
 
-from rllib_recorder import h5repair, schema
+from rllib_recorder import h5repair, probe, schema
 from rllib_recorder.errors import SchemaError
 from rllib_recorder.manifest import now_iso, place_files, read_manifest, write_manifest
 
@@ -54,6 +54,7 @@ def recover_file(path: str, rewrite: bool = True) -> dict[str, Any]:
     """Recovers one worker file (see ``recover_run``); returns its committed counts and drops."""
     with schema.damaged_file_errors(path):
         h5repair.extend_eoa_to_eof(path)  # a killed writer's last chunks may lie past the recorded EOA
+        probe.ensure_readable([path])  # HDF5 may loop or crash on damage; find out in a child first
         with h5py.File(path, "r") as h5:
             if "format" not in h5.attrs or "commit" not in h5.attrs:
                 empty = True
