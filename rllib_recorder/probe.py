@@ -161,26 +161,54 @@ def _readline(pipe: Any, deadline: float) -> bytes | None:
     return buffer
 
 
+_MAX_DEPTH = 16  # the schema nests at most 5 deep (agents/<id>/steps/obs/<key>)
+
+
 def walk(path: str) -> None:
-    """Follows every address in ``path`` that a reader may follow; HDF5 raises, loops or crashes if one is bad."""
+    """Follows every address in ``path`` that a reader may follow; HDF5 raises, loops or crashes if one is bad.
+
+    An object HDF5 reports as damaged does not stop the walk: its siblings and everything after it are
+    walked too (a reader may reach them first, in another order), and the first error is raised at the end.
+    """
     import h5py
+
+    errors: list[Exception] = []
+
+    def attempt(step: Any, *args: Any) -> Any:
+        try:
+            return step(*args)
+        except Exception as e:  # noqa: BLE001 - reported after the rest is walked
+            errors.append(e)
+            return None
+
+    def dataset(name: str, obj: h5py.Dataset, commit: dict[str, Any]) -> None:
+        dict(obj.attrs)
+        obj.shape, obj.dtype  # noqa: B018 - reads the dataspace and datatype messages
+        if obj.chunks is not None:
+            obj.id.chunk_iter(lambda info: None)  # walks the whole chunk index
+        rows = _committed_rows(name, commit)
+        if rows and obj.ndim == 1:
+            obj[:rows]  # the index tables the reader reads whole
+
+    def group(prefix: str, obj: h5py.Group, commit: dict[str, Any]) -> None:
+        if prefix.count("/") > _MAX_DEPTH:  # a damaged link can point back up: a cycle, not a tree
+            errors.append(ValueError(f"groups nested deeper than {_MAX_DEPTH} at {prefix}"))
+            return
+        attempt(lambda: dict(obj.attrs))
+        for key in attempt(lambda: list(obj.keys())) or []:
+            name = f"{prefix}{key}"
+            child = attempt(obj.__getitem__, key)  # reads the child's object header
+            if isinstance(child, h5py.Group):
+                group(f"{name}/", child, commit)
+            elif isinstance(child, h5py.Dataset):
+                attempt(dataset, name, child, commit)
 
     with h5py.File(path, "r") as h5:
         attrs = dict(h5.attrs)
         commit = json.loads(attrs["commit"]) if "commit" in attrs else {"batches": 0, "agents": {}}
-
-        def visit(name: str, obj: Any) -> None:
-            dict(obj.attrs)
-            if not isinstance(obj, h5py.Dataset):
-                return
-            obj.shape, obj.dtype  # noqa: B018 - reads the dataspace and datatype messages
-            if obj.chunks is not None and obj.id.get_storage_size() >= 0:
-                obj.id.chunk_iter(lambda info: None)  # walks the whole chunk index
-            rows = _committed_rows(name, commit)
-            if rows and obj.ndim == 1 and obj.shape[0] >= rows:
-                obj[:rows]  # the index tables the reader reads whole
-
-        h5.visititems(visit)
+        group("", h5, commit)
+    if errors:
+        raise errors[0]
 
 
 def _committed_rows(name: str, commit: dict[str, Any]) -> int:

@@ -1,0 +1,85 @@
+"""Random damage to a real recorded file, many times: every command must answer in one line, never hang or crash.
+
+CI runs a fixed set of 40 mutations (tests/test_reliability.py); this script explores freely. For each example it
+copies RUN_DIR, damages its first worker file (flipped bits, zeroed ranges, truncation or random bytes), runs
+``info``, ``verify``, ``recover``, ``verify`` in-process and checks: exit code 0/1/2, no traceback, exit 2 only with
+one ``error: ...`` line. Prints the counts, and every violation with what reproduces it.
+
+    python scripts/fuzz_damaged.py recordings/<run> --examples 2000 --seed 11
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def damage(data: bytes, rng: random.Random) -> tuple[bytes, str]:
+    out = bytearray(data)
+    kind = rng.choice(["flip", "truncate", "zero", "random"])
+    at, size = rng.randrange(len(out)), rng.randint(1, 64)
+    if kind == "flip":
+        for i in range(at, min(len(out), at + size)):
+            out[i] ^= 1 << rng.randrange(8)
+    elif kind == "truncate":
+        out = out[:at]
+    elif kind == "zero":
+        out[at:at + size * 64] = bytes(len(out[at:at + size * 64]))
+    else:
+        out = bytearray(rng.randbytes(max(1, at)))
+    return bytes(out), f"{kind} at={at} size={size}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir")
+    parser.add_argument("--examples", type=int, default=500)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--probe-timeout", type=float, default=5.0, help="RLLIB_RECORDER_PROBE_TIMEOUT_S")
+    args = parser.parse_args()
+    os.environ["RLLIB_RECORDER_PROBE_TIMEOUT_S"] = str(args.probe_timeout)
+    from click.testing import CliRunner
+
+    from rllib_recorder.cli import main as cli
+
+    victim = sorted(glob.glob(os.path.join(args.run_dir, "*.h5")))[0]
+    original = open(victim, "rb").read()
+    rng = random.Random(args.seed)
+    counts = {"answered_0_or_1": 0, "one_line_error": 0, "of_which_probe_reported": 0, "violations": 0}
+    started = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.examples):
+            run = os.path.join(tmp, f"example-{i}")
+            shutil.copytree(args.run_dir, run)
+            data, how = damage(original, rng)
+            with open(os.path.join(run, os.path.basename(victim)), "wb") as f:
+                f.write(data)
+            for command in (["info", run], ["verify", run], ["recover", run], ["verify", run]):
+                result = CliRunner().invoke(cli, command)
+                lines = result.output.strip().splitlines()
+                fine = (result.exit_code in (0, 1, 2) and "Traceback" not in result.output
+                        and (result.exception is None or isinstance(result.exception, SystemExit)))
+                if result.exit_code == 2:
+                    fine = fine and len(lines) == 1 and lines[0].startswith("error: ")
+                    counts["one_line_error"] += 1
+                    counts["of_which_probe_reported"] += "made no progress" in result.output or "crashed" in result.output
+                else:
+                    counts["answered_0_or_1"] += 1
+                if not fine:
+                    counts["violations"] += 1
+                    print(f"VIOLATION example {i} ({how}), {command[0]}: exit {result.exit_code}, "
+                          f"{result.output[-300:]!r} {result.exception!r}", flush=True)
+            shutil.rmtree(run)
+    print(f"{args.examples} damaged copies of {victim}, seed {args.seed}, {time.time() - started:.0f} s: {counts}")
+
+
+if __name__ == "__main__":
+    main()
