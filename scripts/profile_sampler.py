@@ -48,6 +48,7 @@ def profile(algo, seconds: float) -> tuple[int, float, pstats.Stats]:
     profiler.enable()
     while time.perf_counter() - start < seconds:
         steps += sum(len(e) for e in runner.sample())
+        runner.get_metrics()  # as RLlib's training loop: releases the episodes kept for metrics
     profiler.disable()
     return steps, time.perf_counter() - start, pstats.Stats(profiler)
 
