@@ -104,9 +104,10 @@ class WorkerFile:
             try:
                 self._h5 = h5py.File(self.path, "r")
             except OSError as e:
-                raise SchemaError(
-                    f"{self.path} is not a readable HDF5 file ({e}); run 'rllib-recorder recover'"
-                ) from None
+                fix = ("it was cut short after it was written (an interrupted copy?), which recover cannot mend: "
+                       "copy it again, or move it out of the run directory" if "truncated file" in str(e)
+                       else "run 'rllib-recorder recover'")
+                raise SchemaError(f"{self.path} is not a readable HDF5 file ({e}); {fix}") from None
             schema.validate_header(self._h5, self.path)
         return self._h5
 

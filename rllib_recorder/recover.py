@@ -52,7 +52,8 @@ def recover_run(run_dir: str) -> dict[str, Any]:
 
 def recover_file(path: str, rewrite: bool = True) -> dict[str, Any]:
     """Recovers one worker file (see ``recover_run``); returns its committed counts and drops."""
-    with schema.damaged_file_errors(path):
+    with schema.damaged_file_errors(path, "recover cannot mend this damage: move the file out of the run "
+                                    "directory to recover and read the rest of the run"):
         h5repair.extend_eoa_to_eof(path)  # a killed writer's last chunks may lie past the recorded EOA
         probe.ensure_readable([path])  # HDF5 may loop or crash on damage; find out in a child first
         with h5py.File(path, "r") as h5:

@@ -216,7 +216,7 @@ def bad_runs(recorded_cartpole, tmp_path_factory):
         ("missing", base / "missing", "is not a directory"),
         ("not a run", base / "empty", "is not an rllib_recorder run"),
         ("random .h5", random_h5, "worker-001.h5 is not a readable HDF5 file"),
-        ("truncated", truncated, "worker-001.h5 is not a readable HDF5 file"),
+        ("truncated", truncated, "which recover cannot mend: copy it again, or move it out of the run directory"),
         ("future schema", future, "has schema version 9.0, but rllib_recorder"),
     ]
 
