@@ -38,8 +38,10 @@ class RecorderConfig:
         hdf5_chunk_bytes: Target size of one HDF5 chunk of a column (at most 4096 rows).
         encode_uint8: Store float32 image columns that hold exact uint8 values scaled
             (RLlib's Atari frames: ``u8 / 128 - 1``; or ``u8 / 255``) as uint8 plus the
-            scale, checked on every chunk; a chunk that is not exact turns the column
-            back into float32. ``False`` stores floats as they are.
+            scale, checked on every chunk in the env runner, which then sends the uint8
+            codes (a quarter of the bytes through Ray's object store); a chunk that is not
+            exact is sent as float32 and turns the column back into float32. ``False``
+            stores floats as they are.
         record_infos: Store env infos (JSON); ``False`` drops them.
         record_extra_model_outputs: Store action log-probs, distribution inputs,
             value predictions and other extra model outputs.

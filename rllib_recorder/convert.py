@@ -35,6 +35,9 @@ class Stream:
     steps: dict[str, np.ndarray]
     fragments: dict[str, np.ndarray]
     containers: dict[str, str] = field(default_factory=dict)
+    # Columns the env runner sent as exact uint8 codes of float32 values (``encode_images``):
+    # ``{"steps/obs": (scale, offset)}``; the float32 value of a code is ``code * scale + offset``.
+    encoded: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def num_rows(self) -> int:
@@ -66,9 +69,10 @@ class Chunk:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the sampled arrays (encoded columns counted as the float32 they stand for)."""
         return sum(
-            a.nbytes for s in self.streams.values() for cols in (s.steps, s.fragments)
-            for a in cols.values()
+            a.nbytes * (4 if f"{table}/{path}" in s.encoded else 1) for s in self.streams.values()
+            for table, cols in (("steps", s.steps), ("fragments", s.fragments)) for path, a in cols.items()
         )
 
     def __repr__(self) -> str:
@@ -139,10 +143,12 @@ def batch_to_chunk(
 
 
 def concat_streams(streams: Sequence[Stream]) -> Stream:
-    """Concatenates streams of one agent row-wise; their columns must match."""
+    """Concatenates streams of one agent row-wise; their columns must match (and not be encoded yet)."""
     if len(streams) == 1:
         return streams[0]
     first = streams[0]
+    if any(s.encoded for s in streams):
+        raise ConversionError("cannot merge encoded samples; merge first, then encode_images")
     for other in streams[1:]:
         if other.steps.keys() != first.steps.keys() or other.fragments.keys() != first.fragments.keys():
             missing = sorted(set(first.steps) ^ set(other.steps) | set(first.fragments) ^ set(other.fragments))
@@ -173,6 +179,70 @@ def merge_chunks(chunks: Sequence[Chunk]) -> Chunk:
         num_samples=sum(c.num_samples for c in chunks),
         sampled_at_s=chunks[0].sampled_at_s,
     )
+
+
+# (scale, offset) of the float32 images RLlib's wrappers make from uint8 frames: u8 / 128 - 1 (Atari) and u8 / 255.
+IMAGE_ENCODINGS = ((np.float32(1 / 128), np.float32(-1.0)), (np.float32(1 / 255), np.float32(0.0)))
+
+
+def encode_uint8(values: np.ndarray, scale: np.float32, offset: np.float32, block_rows: int = 8) -> np.ndarray | None:
+    """The uint8 codes of float32 ``values`` if every value is exactly ``code * scale + offset``, else None.
+
+    Works in blocks of rows that stay in the CPU cache (about 6x faster than whole-array passes on
+    Atari chunks); a value out of range, not on the grid or NaN fails the round trip.
+    """
+    out = np.empty(values.shape, np.uint8)
+    inv, shift = np.float32(1 / scale), np.float32(-offset / scale)
+    scratch = np.empty(values[:block_rows].shape, np.float32)
+    with np.errstate(invalid="ignore"):
+        for i in range(0, len(values), block_rows):
+            rows = values[i:i + block_rows]
+            tmp, codes = scratch[:len(rows)], out[i:i + block_rows]
+            np.multiply(rows, inv, out=tmp)
+            tmp += shift
+            np.copyto(codes, tmp, casting="unsafe")
+            np.multiply(codes, scale, out=tmp)
+            tmp += offset
+            if not np.array_equal(tmp, rows):
+                return None
+    return out
+
+
+def decode_codes(codes: np.ndarray, scale: float, offset: float) -> np.ndarray:
+    """The float32 values of uint8 ``codes`` (exact inverse of ``encode_uint8``)."""
+    out = codes.astype(np.float32)
+    out *= np.float32(scale)
+    out += np.float32(offset)
+    return out
+
+
+def encode_images(chunk: Chunk) -> Chunk:
+    """``chunk`` with every float32 image column (3 or more dims) that holds exact uint8 codes sent as uint8.
+
+    Runs in the env runner just before a chunk is handed to Ray: a quarter of the bytes through the object
+    store and in the outbox's window, and the writer need not check the frames. A column that is not exact
+    stays float32 (the writer then checks it, and falls back as before). Lossless either way.
+    """
+    streams = {}
+    for key, stream in chunk.streams.items():
+        encoded = dict(stream.encoded)
+        tables = {}
+        for table, columns in (("steps", stream.steps), ("fragments", stream.fragments)):
+            out = dict(columns)
+            for path, values in columns.items():
+                if values.dtype != np.float32 or values.ndim < 3 or not len(values) or f"{table}/{path}" in encoded:
+                    continue
+                for scale, offset in IMAGE_ENCODINGS:
+                    if encode_uint8(values[:1], scale, offset) is None:
+                        continue  # not this grid (one row decides cheaply)
+                    codes = encode_uint8(values, scale, offset)
+                    if codes is not None:
+                        out[path], encoded[f"{table}/{path}"] = codes, (float(scale), float(offset))
+                    break
+            tables[table] = out
+        streams[key] = Stream(tables["steps"], tables["fragments"], dict(stream.containers), encoded)
+    return Chunk(streams=streams, env_steps=chunk.env_steps, num_samples=chunk.num_samples,
+                 sampled_at_s=chunk.sampled_at_s)
 
 
 def flatten_value(prefix: str, value: Any, containers: dict[str, str]) -> dict[str, np.ndarray]:

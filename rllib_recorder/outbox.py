@@ -11,7 +11,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from rllib_recorder.convert import Chunk, merge_chunks
+from rllib_recorder.convert import Chunk, encode_images, merge_chunks
 
 logger = logging.getLogger(__name__)
 
@@ -82,9 +82,10 @@ class Outbox:
         self, transport: Transport, *, window: int = 4, policy: str = "block",
         coalesce_rows: int = 0, coalesce_s: float = 0.0, coalesce_bytes: int = 0, max_wait_s: float = 120.0,
         clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-        sender_id: bytes | None = None,
+        sender_id: bytes | None = None, encode: bool = False,
     ) -> None:
         self.transport = transport
+        self.encode = encode  # send exact-uint8 float32 images as uint8 codes (convert.encode_images)
         self.window = window
         self.policy = policy
         self.coalesce_rows = coalesce_rows
@@ -130,6 +131,8 @@ class Outbox:
         if not self._pending:
             return
         chunk = merge_chunks(self._pending)
+        if self.encode:
+            chunk = encode_images(chunk)
         self._pending, self._pending_since, self._pending_bytes = [], None, 0
         self.stats.rows_pending = 0
         if len(self._in_flight) >= self.window and not self._make_room():

@@ -104,7 +104,7 @@ class RunnerRecorder:
         self.outbox = Outbox(
             self.transport, window=config.max_in_flight, policy=config.backpressure,
             coalesce_rows=config.coalesce_rows, coalesce_s=config.coalesce_s, coalesce_bytes=config.coalesce_bytes,
-            max_wait_s=config.drain_timeout_s,
+            max_wait_s=config.drain_timeout_s, encode=config.encode_uint8,
         )
         for chunk in self._unbound:
             self.outbox.add(chunk)

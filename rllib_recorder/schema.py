@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 
 from rllib_recorder import h5repair
-from rllib_recorder.convert import Chunk, Stream
+from rllib_recorder.convert import IMAGE_ENCODINGS, Chunk, Stream, decode_codes, encode_uint8  # noqa: F401 - re-exported
 from rllib_recorder.errors import SchemaError
 
 FORMAT_NAME = "rllib_recorder"
@@ -99,7 +99,7 @@ ENCODING_ATTRS = {
     "scale": "float32 value = code * scale + offset",
     "offset": "see scale",
 }
-_ENCODINGS = ((np.float32(1 / 128), np.float32(-1.0)), (np.float32(1 / 255), np.float32(0.0)))
+_ENCODINGS = IMAGE_ENCODINGS
 MAX_CHUNK_ROWS = 4096
 
 
@@ -411,45 +411,19 @@ def _append_stream(
     first_rows = rows + np.concatenate([[0], np.cumsum(frag_cols["num_rows"])[:-1]])
     frag_cols["first_row"] = first_rows.astype(np.int64)
     frag_cols["batch"] = np.full(len(first_rows), batch_row, dtype=np.int64)
-    _append_columns(steps, stream.steps, rows, options)
-    _append_columns(fragments, frag_cols, frags, options)
+    _append_columns(steps, stream.steps, rows, options, _codes(stream, "steps"))
+    _append_columns(fragments, frag_cols, frags, options, _codes(stream, "fragments"))
     for path, kind in stream.containers.items():
         target = steps if path in steps else fragments if path in fragments else None
         if target is not None and target[path].attrs.get("container") != kind:
             target[path].attrs["container"] = kind
 
 
-def encode_uint8(values: np.ndarray, scale: np.float32, offset: np.float32, block_rows: int = 8) -> np.ndarray | None:
-    """The uint8 codes of float32 ``values`` if every value is exactly ``code * scale + offset``, else None.
-
-    Works in blocks of rows that stay in the CPU cache (about 6x faster than whole-array passes on
-    Atari chunks); a value out of range, not on the grid or NaN fails the round trip.
-    """
-    out = np.empty(values.shape, np.uint8)
-    inv, shift = np.float32(1 / scale), np.float32(-offset / scale)
-    scratch = np.empty(values[:block_rows].shape, np.float32)
-    with np.errstate(invalid="ignore"):
-        for i in range(0, len(values), block_rows):
-            rows = values[i:i + block_rows]
-            tmp, codes = scratch[:len(rows)], out[i:i + block_rows]
-            np.multiply(rows, inv, out=tmp)
-            tmp += shift
-            np.copyto(codes, tmp, casting="unsafe")
-            np.multiply(codes, scale, out=tmp)
-            tmp += offset
-            if not np.array_equal(tmp, rows):
-                return None
-    return out
-
-
 def decode_uint8(dataset: h5py.Dataset, values: np.ndarray) -> np.ndarray:
     """Float32 values of an ``affine_uint8`` column's codes (anything else is returned as is)."""
     if dataset.attrs.get("encoding") != "affine_uint8":
         return values
-    out = values.astype(np.float32)
-    out *= np.float32(dataset.attrs["scale"])
-    out += np.float32(dataset.attrs["offset"])
-    return out
+    return decode_codes(values, dataset.attrs["scale"], dataset.attrs["offset"])
 
 
 def _image_encoding(values: np.ndarray, options: StorageOptions) -> tuple[np.float32, np.float32] | None:
@@ -485,13 +459,41 @@ def _encoded_rows(group: h5py.Group, path: str, values: np.ndarray, start: int,
 FLOAT_SUFFIX = ".__float32"
 
 
+def _codes(stream: Stream, table: str) -> dict[str, tuple[np.float32, np.float32]]:
+    """The columns of ``table`` that the env runner sent as uint8 codes, with their (scale, offset)."""
+    prefix = f"{table}/"
+    return {k[len(prefix):]: (np.float32(v[0]), np.float32(v[1])) for k, v in stream.encoded.items()
+            if k.startswith(prefix)}
+
+
+def _sent_codes(group: h5py.Group, path: str, codes: np.ndarray, code: tuple[np.float32, np.float32],
+                start: int, options: StorageOptions) -> np.ndarray:
+    """The rows to append for uint8 ``codes`` the runner sent: as they are if the column stores the same
+    codes, else their float32 values (through the float path: the column's own check and fallback)."""
+    dataset = group[path]
+    attrs = dataset.attrs
+    if (attrs.get("encoding") == "affine_uint8" and np.float32(attrs["scale"]) == code[0]
+            and np.float32(attrs["offset"]) == code[1]):
+        return codes
+    return _encoded_rows(group, path, decode_codes(codes, *code), start, options)
+
+
 def _append_columns(
-    group: h5py.Group, columns: Mapping[str, np.ndarray], start: int, options: StorageOptions
+    group: h5py.Group, columns: Mapping[str, np.ndarray], start: int, options: StorageOptions,
+    codes: Mapping[str, tuple[np.float32, np.float32]] | None = None,
 ) -> None:
+    codes = codes or {}
     for path, values in columns.items():
+        code = codes.get(path)
+        if code is not None and not options.encode_uint8:  # the writer was told to keep floats
+            values, code = decode_codes(values, *code), None
         if path not in group:
-            _create_column(group, path, values, start, options, encoding=_image_encoding(values, options))
-        values = _encoded_rows(group, path, values, start, options)
+            encoding = code if code is not None else _image_encoding(values, options)
+            _create_column(group, path, values, start, options, encoding=encoding)
+        if code is not None:
+            values = _sent_codes(group, path, values, code, start, options)
+        else:
+            values = _encoded_rows(group, path, values, start, options)
         dataset = group[path]
         if dataset.shape[0] != start:
             raise SchemaError(

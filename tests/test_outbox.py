@@ -1,5 +1,6 @@
 """Flow control with a scripted transport and a fake clock: milliseconds, no Ray, no sleeping."""
 
+import numpy as np
 import pytest
 
 from rllib_recorder.convert import episodes_to_chunk
@@ -157,3 +158,22 @@ def test_refused_chunk_is_counted_as_failed_not_resent():
     outbox.poll()
     assert outbox.in_flight == 0 and len(transport.sent) == 1
     assert outbox.stats.chunks_failed == 1 and outbox.stats.rows_failed == 3
+
+
+def test_coalesced_frames_are_sent_as_uint8_codes_and_kept_that_way_for_resending():
+    from tests.test_writer import _image_episode
+
+    rng = np.random.default_rng(3)
+    outbox, transport, _ = make(dict(), coalesce_rows=6, coalesce_s=60, encode=True)
+    sent = []
+    transport.send = lambda sender_id, seq, c, stats: sent.append(c) or (seq, 0)
+    parts = [_image_episode(rng.integers(0, 256, size=(4, 6, 6, 1)), f"e{i}") for i in range(2)]
+    for episode, _ in parts:
+        outbox.add(episodes_to_chunk([episode]))
+    (chunk_sent,) = sent
+    stream = chunk_sent.streams["default_agent"]
+    assert stream.steps["obs"].dtype == np.uint8 and stream.encoded["steps/obs"] == (1 / 128, -1.0)
+    assert np.array_equal(stream.steps["obs"].astype(np.float32) / 128 - 1,
+                          np.concatenate([frames[:-1] for _, frames in parts]))
+    assert chunk_sent.nbytes == sum(episodes_to_chunk([e]).nbytes for e, _ in parts)
+    assert outbox._in_flight[0].chunk is chunk_sent  # a resend sends the same codes

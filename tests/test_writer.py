@@ -189,6 +189,46 @@ def test_a_frame_that_is_not_exact_turns_the_column_back_into_float32_losslessly
         assert not [k for k in h5["agents/default_agent/steps"] if k.endswith(schema.FLOAT_SUFFIX)]
 
 
+@pytest.mark.parametrize("sent", [("codes", "codes"), ("codes", "inexact"), ("inexact", "codes"), ("codes", "floats")])
+@pytest.mark.parametrize("writer_encodes", [True, False])
+def test_frames_the_runner_sends_as_uint8_codes_are_stored_losslessly_whatever_came_before(tmp_path, sent,
+                                                                                             writer_encodes):
+    from rllib_recorder.convert import encode_images
+
+    rng = np.random.default_rng(2)
+    chunks, expected = [], []
+    for i, how in enumerate(sent):
+        episode, frames = _image_episode(rng.integers(0, 256, size=(5, 8, 8, 2)), f"e{i}")
+        if how == "inexact":
+            episode.get_observations()[2, 1, 1, 1] += np.float32(1e-3)  # no longer code / 128 - 1
+            frames[2, 1, 1, 1] += np.float32(1e-3)
+        chunk = episodes_to_chunk([episode])
+        if how != "floats":
+            encoded = encode_images(chunk)
+            stream = encoded.streams["default_agent"]
+            assert encoded.nbytes == chunk.nbytes  # counted as the float32 frames they stand for
+            if how == "codes":
+                assert stream.steps["obs"].dtype == np.uint8 and stream.fragments["last_obs"].dtype == np.uint8
+                assert set(stream.encoded) == {"steps/obs", "fragments/last_obs"}
+            else:
+                assert stream.steps["obs"].dtype == np.float32 and set(stream.encoded) == {"fragments/last_obs"}
+            chunk = encoded
+        chunks.append(chunk)
+        expected.append(frames)
+    writer = RecordingWriter(str(tmp_path), "run-1", schema.StorageOptions(encode_uint8=writer_encodes))
+    for seq, chunk in enumerate(chunks):
+        writer.append(1, False, b"s" * 32, seq, chunk)
+    writer.close()
+    with h5py.File(tmp_path / "worker-001.h5", "r") as h5:
+        steps, fragments = h5["agents/default_agent/steps"], h5["agents/default_agent/fragments"]
+        stays_uint8 = writer_encodes and "inexact" not in sent
+        assert steps["obs"].dtype == (np.uint8 if stays_uint8 else np.float32)
+        for column, want in ((steps["obs"], np.concatenate([f[:-1] for f in expected])),
+                             (fragments["last_obs"], np.stack([f[-1] for f in expected]))):
+            got = schema.decode_uint8(column, column[()])
+            assert got.dtype == np.float32 and np.array_equal(got, want)  # bit for bit
+
+
 def test_reopen_finishes_a_float_rewrite_cut_short_by_a_crash(tmp_path):
     rng = np.random.default_rng(2)
     episode, frames = _image_episode(rng.integers(0, 256, size=(4, 8, 8, 1)), "a")
