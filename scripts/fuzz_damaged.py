@@ -21,21 +21,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from tests import helpers  # noqa: E402 - the damaged-file test's mutations
+
 
 def damage(data: bytes, rng: random.Random) -> tuple[bytes, str]:
-    out = bytearray(data)
     kind = rng.choice(["flip", "truncate", "zero", "random"])
-    at, size = rng.randrange(len(out)), rng.randint(1, 64)
-    if kind == "flip":
-        for i in range(at, min(len(out), at + size)):
-            out[i] ^= 1 << rng.randrange(8)
-    elif kind == "truncate":
-        out = out[:at]
-    elif kind == "zero":
-        out[at:at + size * 64] = bytes(len(out[at:at + size * 64]))
-    else:
-        out = bytearray(rng.randbytes(max(1, at)))
-    return bytes(out), f"{kind} at={at} size={size}"
+    at, size = rng.randrange(len(data)), rng.randint(1, 64)
+    return helpers.damage(data, kind, at, size, rng), f"{kind} at={at} size={size}"
 
 
 def main() -> None:

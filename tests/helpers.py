@@ -40,3 +40,19 @@ def update_index_many(args) -> None:
     for i in range(times):
         update_run(experiment_dir, os.path.join(experiment_dir, name), {"status": "running", "env_steps": i})
     update_run(experiment_dir, os.path.join(experiment_dir, name), {"status": "finished", "env_steps": times})
+
+
+def damage(data: bytes, kind: str, at: int, size: int, rng) -> bytes:
+    """``data`` damaged at byte ``at``: ``flip`` bits of ``size`` bytes, ``truncate`` there, ``zero`` size * 64
+    bytes, or ``random`` bytes of that length instead (the mutations of the damaged-file test and fuzz script)."""
+    out = bytearray(data)
+    if kind == "flip":
+        for i in range(at, min(len(out), at + size)):
+            out[i] ^= 1 << rng.randrange(8)
+    elif kind == "truncate":
+        out = out[:at]
+    elif kind == "zero":
+        out[at:at + size * 64] = bytes(len(out[at:at + size * 64]))
+    else:
+        out = bytearray(rng.randbytes(max(1, at)))
+    return bytes(out)

@@ -22,6 +22,7 @@ from rllib_recorder.cli import main
 from rllib_recorder.inspect import verify_run
 from rllib_recorder.pool import writer_name
 from rllib_recorder.reader import open_run
+from tests.helpers import damage
 from tests.integrity import check_run
 from tests.test_recording import ppo
 
@@ -244,19 +245,8 @@ def test_damaged_files_give_one_line_errors_never_tracebacks(undamaged_run, tmp_
     run_dir = str(tmp_path_factory.mktemp("damaged") / "run")
     shutil.copytree(undamaged_run, run_dir)
     path = os.path.join(run_dir, "worker-001.h5")
-    data = bytearray(open(path, "rb").read())
-    at = int(where * (len(data) - 1))
-    rng = random.Random(seed)
-    if kind == "flip":
-        for i in range(at, min(len(data), at + size)):
-            data[i] ^= 1 << rng.randrange(8)
-    elif kind == "truncate":
-        data = data[:at]
-    elif kind == "zero":
-        data[at:at + size * 64] = bytes(len(data[at:at + size * 64]))
-    else:
-        data = bytearray(rng.randbytes(max(1, at)))
-    open(path, "wb").write(bytes(data))
+    data = open(path, "rb").read()
+    open(path, "wb").write(damage(data, kind, int(where * (len(data) - 1)), size, random.Random(seed)))
     for command in (["info", run_dir], ["verify", run_dir], ["recover", run_dir], ["verify", run_dir]):
         result = CliRunner().invoke(main, command)
         assert result.exit_code in (0, 1, 2), (command, result.output, result.exception)
