@@ -216,6 +216,17 @@ def decode_codes(codes: np.ndarray, scale: float, offset: float) -> np.ndarray:
     return out
 
 
+def image_grid(values: np.ndarray) -> tuple[np.float32, np.float32] | None:
+    """The (scale, offset) of ``IMAGE_ENCODINGS`` on which the first row of a float32 image column (3 or more
+    dims) lies exactly, if any: the one grid worth checking the whole column against."""
+    if values.dtype != np.float32 or values.ndim < 3 or not len(values):
+        return None
+    for scale, offset in IMAGE_ENCODINGS:
+        if encode_uint8(values[:1], scale, offset) is not None:
+            return scale, offset
+    return None
+
+
 def encode_images(chunk: Chunk) -> Chunk:
     """``chunk`` with every float32 image column (3 or more dims) that holds exact uint8 codes sent as uint8.
 
@@ -230,15 +241,10 @@ def encode_images(chunk: Chunk) -> Chunk:
         for table, columns in (("steps", stream.steps), ("fragments", stream.fragments)):
             out = dict(columns)
             for path, values in columns.items():
-                if values.dtype != np.float32 or values.ndim < 3 or not len(values) or f"{table}/{path}" in encoded:
-                    continue
-                for scale, offset in IMAGE_ENCODINGS:
-                    if encode_uint8(values[:1], scale, offset) is None:
-                        continue  # not this grid (one row decides cheaply)
-                    codes = encode_uint8(values, scale, offset)
-                    if codes is not None:
-                        out[path], encoded[f"{table}/{path}"] = codes, (float(scale), float(offset))
-                    break
+                grid = None if f"{table}/{path}" in encoded else image_grid(values)
+                codes = encode_uint8(values, *grid) if grid is not None else None
+                if codes is not None:
+                    out[path], encoded[f"{table}/{path}"] = codes, (float(grid[0]), float(grid[1]))
             tables[table] = out
         streams[key] = Stream(tables["steps"], tables["fragments"], dict(stream.containers), encoded)
     return Chunk(streams=streams, env_steps=chunk.env_steps, num_samples=chunk.num_samples,

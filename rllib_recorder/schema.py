@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 
 from rllib_recorder import h5repair
-from rllib_recorder.convert import IMAGE_ENCODINGS, Chunk, Stream, decode_codes, encode_uint8  # noqa: F401 - re-exported
+from rllib_recorder.convert import Chunk, Stream, decode_codes, encode_uint8, image_grid
 from rllib_recorder.errors import SchemaError
 
 FORMAT_NAME = "rllib_recorder"
@@ -99,7 +99,6 @@ ENCODING_ATTRS = {
     "scale": "float32 value = code * scale + offset",
     "offset": "see scale",
 }
-_ENCODINGS = IMAGE_ENCODINGS
 MAX_CHUNK_ROWS = 4096
 
 
@@ -428,12 +427,7 @@ def decode_uint8(dataset: h5py.Dataset, values: np.ndarray) -> np.ndarray:
 
 def _image_encoding(values: np.ndarray, options: StorageOptions) -> tuple[np.float32, np.float32] | None:
     """The (scale, offset) that stores this new float32 image column exactly as uint8, if any."""
-    if not options.encode_uint8 or values.dtype != np.float32 or values.ndim < 3 or not len(values):
-        return None
-    for scale, offset in _ENCODINGS:
-        if encode_uint8(values[:1], scale, offset) is not None:
-            return scale, offset
-    return None
+    return image_grid(values) if options.encode_uint8 else None
 
 
 def _encoded_rows(group: h5py.Group, path: str, values: np.ndarray, start: int,
