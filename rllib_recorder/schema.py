@@ -100,6 +100,11 @@ ENCODING_ATTRS = {
     "offset": "see scale",
 }
 MAX_CHUNK_ROWS = 4096
+# HDF5 chunk cache of each column of a file open for appending. The writer keeps its columns
+# open, so only the partial last chunk of each needs to stay cached (a chunk is at most
+# hdf5_chunk_bytes, 64 KiB by default); HDF5's default, 1 MiB per column, would let a file of
+# ~35 columns hold ~35 MiB of old chunks in the writer's memory.
+APPEND_CHUNK_CACHE_BYTES = 128 << 10
 
 
 def file_name(worker_index: int, is_evaluation: bool = False, tag: str = "") -> str:
@@ -138,8 +143,8 @@ def create_file(path: str, file_space: str = "none") -> h5py.File:
     """Creates a new HDF5 file with the file-space strategy ``file_space`` (refuses an existing one)."""
     if file_space == "none":
         # fs_persist/threshold only matter for the "fsm" and "page" strategies.
-        return h5py.File(path, "x", fs_strategy="none")
-    return h5py.File(path, "x")
+        return h5py.File(path, "x", fs_strategy="none", rdcc_nbytes=APPEND_CHUNK_CACHE_BYTES)
+    return h5py.File(path, "x", rdcc_nbytes=APPEND_CHUNK_CACHE_BYTES)
 
 
 def open_for_append(path: str, attrs: Mapping[str, Any], file_space: str = "none") -> h5py.File:
@@ -147,7 +152,7 @@ def open_for_append(path: str, attrs: Mapping[str, Any], file_space: str = "none
     exists = os.path.exists(path)
     if exists:  # before HDF5 opens it for writing, which would cut a killed writer's last bytes off
         h5repair.extend_eoa_to_eof(path)
-    h5 = h5py.File(path, "a") if exists else create_file(path, file_space)
+    h5 = h5py.File(path, "a", rdcc_nbytes=APPEND_CHUNK_CACHE_BYTES) if exists else create_file(path, file_space)
     if not exists or "format" not in h5.attrs:
         from rllib_recorder import __version__
 
@@ -169,7 +174,7 @@ def open_for_append(path: str, attrs: Mapping[str, Any], file_space: str = "none
             # killed writer may have left half-written: copy the committed rows instead.
             h5.close()
             rewrite_committed(path)
-            h5 = h5py.File(path, "a")
+            h5 = h5py.File(path, "a", rdcc_nbytes=APPEND_CHUNK_CACHE_BYTES)
     return h5
 
 
@@ -354,23 +359,81 @@ def _copy_table(src: h5py.Group, dst: h5py.Group, rows: int, copy_rows: int) -> 
     src.visititems(visit)
 
 
+class OpenColumns:
+    """The groups and columns of one file open for appending, with what each append checks.
+
+    An append writes a few dozen columns; looking each one up through h5py (group lookup,
+    shape, dtype, attributes: new Python objects every time) cost as much as writing it.
+    The writer keeps one of these per open file and drops it before closing the file.
+    """
+
+    def __init__(self, h5: h5py.File) -> None:
+        self.h5 = h5
+        self._groups: dict[str, h5py.Group] = {}
+        self._columns: dict[str, _Column] = {}
+        self._containers: set[tuple[str, str, str]] = set()
+
+    def group(self, name: str) -> h5py.Group:
+        """The group ``name`` (created if missing)."""
+        group = self._groups.get(name)
+        if group is None:
+            group = self._groups[name] = self.h5.require_group(name)
+        return group
+
+    def column(self, group: h5py.Group, path: str) -> "_Column | None":
+        """The column ``path`` of ``group``, or None if the file has none yet."""
+        key = f"{group.name}/{path}"
+        column = self._columns.get(key)
+        if column is None and path in group:
+            column = self._columns[key] = _Column.of(group[path])
+        return column
+
+    def forget(self, group: h5py.Group, path: str) -> None:
+        """Drops a column whose dataset was replaced."""
+        self._columns.pop(f"{group.name}/{path}", None)
+
+    def clear(self) -> None:
+        """Drops every held dataset and group (before the file is closed)."""
+        self._groups.clear()
+        self._columns.clear()
+        self._containers.clear()
+
+
+@dataclass
+class _Column:
+    dataset: h5py.Dataset
+    rows: int
+    row_shape: tuple[int, ...]
+    dtype: np.dtype
+    encoding: tuple[np.float32, np.float32] | None
+
+    @classmethod
+    def of(cls, dataset: h5py.Dataset) -> "_Column":
+        attrs = dataset.attrs
+        encoding = None
+        if attrs.get("encoding") == "affine_uint8":
+            encoding = (np.float32(attrs["scale"]), np.float32(attrs["offset"]))
+        return cls(dataset, dataset.shape[0], dataset.shape[1:], dataset.dtype, encoding)
+
+
 def append_chunk(
     h5: h5py.File, chunk: Chunk, *, sender_id: bytes, seq: int, learner_version: int,
-    options: StorageOptions,
+    options: StorageOptions, columns: OpenColumns | None = None,
 ) -> dict[str, int]:
     """Appends one chunk and commits it (one attribute write), then flushes.
 
     The chunk counts as stored only once the commit record names it; rows written
     before a crash but not committed are dropped when the file is reopened.
+    ``columns``: the file's open columns, kept by the caller from one append to the next.
     """
+    columns = columns if columns is not None else OpenColumns(h5)
     commit = read_commit(h5)
     batch_row = commit["batches"]
     versions = [s.steps["weights_seq_no"] for s in chunk.streams.values() if len(s.steps["weights_seq_no"])]
     all_versions = np.concatenate(versions) if versions else np.array([-1])
     for key, stream in chunk.streams.items():
         rows, frags = commit["agents"].get(key, (0, 0))
-        group = h5.require_group(f"agents/{key}")
-        _append_stream(group, stream, rows, frags, batch_row, options)
+        _append_stream(columns, f"agents/{key}", stream, rows, frags, batch_row, options)
         commit["agents"][key] = (rows + stream.num_rows, frags + len(stream.fragments["eps_id"]))
     batch = {
         "sender_id": np.array([sender_id], dtype=SENDER_ID_DTYPE),
@@ -385,7 +448,7 @@ def append_chunk(
         "weights_seq_no_max": np.array([all_versions.max()], np.int64),
         "raw_bytes": np.array([chunk.nbytes], np.int64),
     }
-    _append_columns(h5["batches"], batch, batch_row, options)
+    _append_columns(columns, columns.group("batches"), batch, batch_row, options)
     # Rows first, commit second: one flush for both would let HDF5 write the commit
     # record before the rows it names, and a kill in between would commit garbage.
     _flush(h5, options)
@@ -402,20 +465,23 @@ def _flush(h5: h5py.File, options: StorageOptions) -> None:
 
 
 def _append_stream(
-    group: h5py.Group, stream: Stream, rows: int, frags: int, batch_row: int, options: StorageOptions
+    columns: OpenColumns, name: str, stream: Stream, rows: int, frags: int, batch_row: int, options: StorageOptions
 ) -> None:
-    steps = group.require_group("steps")
-    fragments = group.require_group("fragments")
+    steps = columns.group(f"{name}/steps")
+    fragments = columns.group(f"{name}/fragments")
     frag_cols = dict(stream.fragments)
     first_rows = rows + np.concatenate([[0], np.cumsum(frag_cols["num_rows"])[:-1]])
     frag_cols["first_row"] = first_rows.astype(np.int64)
     frag_cols["batch"] = np.full(len(first_rows), batch_row, dtype=np.int64)
-    _append_columns(steps, stream.steps, rows, options, _codes(stream, "steps"))
-    _append_columns(fragments, frag_cols, frags, options, _codes(stream, "fragments"))
+    _append_columns(columns, steps, stream.steps, rows, options, _codes(stream, "steps"))
+    _append_columns(columns, fragments, frag_cols, frags, options, _codes(stream, "fragments"))
     for path, kind in stream.containers.items():
+        if (name, path, kind) in columns._containers:
+            continue
         target = steps if path in steps else fragments if path in fragments else None
         if target is not None and target[path].attrs.get("container") != kind:
             target[path].attrs["container"] = kind
+        columns._containers.add((name, path, kind))
 
 
 def decode_uint8(dataset: h5py.Dataset, values: np.ndarray) -> np.ndarray:
@@ -430,21 +496,24 @@ def _image_encoding(values: np.ndarray, options: StorageOptions) -> tuple[np.flo
     return image_grid(values) if options.encode_uint8 else None
 
 
-def _encoded_rows(group: h5py.Group, path: str, values: np.ndarray, start: int,
+def _encoded_rows(columns: OpenColumns, group: h5py.Group, path: str, values: np.ndarray, start: int,
                   options: StorageOptions) -> np.ndarray:
     """The rows to append to an encoded column; turns the column back into float32 if they are not exact."""
-    dataset = group[path]
-    if dataset.attrs.get("encoding") != "affine_uint8":
+    column = columns.column(group, path)
+    if column.encoding is None:
         return values
-    encoded = encode_uint8(values, np.float32(dataset.attrs["scale"]), np.float32(dataset.attrs["offset"]))
+    encoded = encode_uint8(values, *column.encoding)
     if encoded is not None:
         return encoded
     # Not exact: rewrite the column as float32 (stored rows decoded exactly), then append as is.
-    decoded = decode_uint8(dataset, dataset[:start])
+    decoded = decode_codes(column.dataset[:start], *column.encoding)
+    columns.forget(group, path)
+    del column
     _create_column(group, path + FLOAT_SUFFIX, values, 0, options, encoding=None)
     replacement = group[path + FLOAT_SUFFIX]
     replacement.resize(start, axis=0)
     replacement[:] = decoded
+    del replacement
     del group[path]
     group.move(path + FLOAT_SUFFIX, path)
     return values
@@ -460,55 +529,67 @@ def _codes(stream: Stream, table: str) -> dict[str, tuple[np.float32, np.float32
             if k.startswith(prefix)}
 
 
-def _sent_codes(group: h5py.Group, path: str, codes: np.ndarray, code: tuple[np.float32, np.float32],
-                start: int, options: StorageOptions) -> np.ndarray:
+def _sent_codes(columns: OpenColumns, group: h5py.Group, path: str, codes: np.ndarray,
+                code: tuple[np.float32, np.float32], start: int, options: StorageOptions) -> np.ndarray:
     """The rows to append for uint8 ``codes`` the runner sent: as they are if the column stores the same
     codes, else their float32 values (through the float path: the column's own check and fallback)."""
-    dataset = group[path]
-    attrs = dataset.attrs
-    if (attrs.get("encoding") == "affine_uint8" and np.float32(attrs["scale"]) == code[0]
-            and np.float32(attrs["offset"]) == code[1]):
+    encoding = columns.column(group, path).encoding
+    if encoding is not None and encoding[0] == code[0] and encoding[1] == code[1]:
         return codes
-    return _encoded_rows(group, path, decode_codes(codes, *code), start, options)
+    return _encoded_rows(columns, group, path, decode_codes(codes, *code), start, options)
 
 
 def _append_columns(
-    group: h5py.Group, columns: Mapping[str, np.ndarray], start: int, options: StorageOptions,
-    codes: Mapping[str, tuple[np.float32, np.float32]] | None = None,
+    columns: OpenColumns, group: h5py.Group, values_of: Mapping[str, np.ndarray], start: int,
+    options: StorageOptions, codes: Mapping[str, tuple[np.float32, np.float32]] | None = None,
 ) -> None:
     codes = codes or {}
-    for path, values in columns.items():
+    for path, values in values_of.items():
         code = codes.get(path)
         if code is not None and not options.encode_uint8:  # the writer was told to keep floats
             values, code = decode_codes(values, *code), None
-        if path not in group:
+        if columns.column(group, path) is None:
             encoding = code if code is not None else _image_encoding(values, options)
             _create_column(group, path, values, start, options, encoding=encoding)
         if code is not None:
-            values = _sent_codes(group, path, values, code, start, options)
+            values = _sent_codes(columns, group, path, values, code, start, options)
         else:
-            values = _encoded_rows(group, path, values, start, options)
-        dataset = group[path]
-        if dataset.shape[0] != start:
+            values = _encoded_rows(columns, group, path, values, start, options)
+        column = columns.column(group, path)
+        if column.rows != start:
             raise SchemaError(
-                f"column {group.name}/{path} has {dataset.shape[0]} rows, the commit record "
+                f"column {group.name}/{path} has {column.rows} rows, the commit record "
                 f"says {start}; run 'rllib-recorder recover' on the file"
             )
-        if dataset.shape[1:] != values.shape[1:]:
+        if column.row_shape != values.shape[1:]:
             raise SchemaError(
-                f"column {group.name}/{path} holds rows of shape {dataset.shape[1:]}, "
+                f"column {group.name}/{path} holds rows of shape {column.row_shape}, "
                 f"got {values.shape[1:]}; record spaces of one fixed shape per run"
             )
-        dataset.resize(start + len(values), axis=0)
-        if h5py.check_vlen_dtype(dataset.dtype) == np.uint8:
-            _write_byte_arrays(dataset, start, values)
-        else:
-            dataset[start:] = values
+        _write_rows(column, start, values)
         # One column per flush: HDF5 frees a rewritten compressed chunk's old space and may
         # hand it to another chunk of the same flush before the index pointing away from it
         # is on disk; a kill then corrupts committed rows. Flushing per column keeps the
         # space a flush frees out of that flush's own allocations of other columns.
-        group.file.flush()
+        columns.h5.flush()
+
+
+def _write_rows(column: _Column, start: int, values: np.ndarray) -> None:
+    """Appends ``values`` as rows ``start:`` of ``column`` (one HDF5 write) and counts them."""
+    end = start + len(values)
+    column.dataset.id.set_extent((end,) + column.row_shape)
+    column.rows = end
+    if not len(values):
+        return
+    if h5py.check_vlen_dtype(column.dtype) == np.uint8:
+        _write_byte_arrays(column.dataset, start, values)
+    elif column.dtype.kind == "O":  # variable-length strings: h5py converts str and bytes
+        column.dataset[start:end] = values
+    else:
+        rows = np.ascontiguousarray(values, dtype=column.dtype)
+        file_space = column.dataset.id.get_space()
+        file_space.select_hyperslab((start,) + (0,) * len(column.row_shape), rows.shape)
+        column.dataset.id.write(h5py.h5s.create_simple(rows.shape), file_space, rows)
 
 
 def _write_byte_arrays(dataset: h5py.Dataset, start: int, values: np.ndarray) -> None:

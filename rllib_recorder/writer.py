@@ -43,6 +43,7 @@ class RecordingWriter:
         # (wall time, learner version) as reported by the learners, oldest first, versions increasing.
         self._versions: list[tuple[float, int]] = []
         self._files: dict[tuple[int, bool], h5py.File] = {}
+        self._columns: dict[tuple[int, bool], schema.OpenColumns] = {}
         self._paths: set[str] = set()
         self._committed: dict[tuple[int, bool], set[tuple[bytes, int]]] = {}
         self._sender_stats: dict[str, dict[str, Any]] = {}
@@ -82,7 +83,7 @@ class RecordingWriter:
         try:
             schema.append_chunk(
                 h5, chunk, sender_id=sender_id, seq=seq, learner_version=learner_version,
-                options=self.storage,
+                options=self.storage, columns=self._columns[key],
             )
         except BaseException as e:
             # Close the file: reopening drops the rows no commit names, so a re-send is clean.
@@ -148,6 +149,7 @@ class RecordingWriter:
     def close(self) -> dict[str, Any]:
         """Flushes, closes and compacts every file; returns the final stats."""
         for key in list(self._files):
+            self._columns.pop(key).clear()
             h5 = self._files.pop(key)
             path, data = h5.filename, self._data_bytes(key, h5)
             h5.flush()
@@ -182,6 +184,7 @@ class RecordingWriter:
             logger.warning("rllib_recorder: could not reopen %s after compacting it (%s: %s); the next "
                            "append reopens it", schema.file_name(*key, self.file_tag), type(e).__name__, e)
             self._files.pop(key, None)
+            self._columns.pop(key, None)
 
     def _compact_closed(self, path: str) -> None:
         """Compacts a closed file; a failure (e.g. a full disk) leaves it as it was, and is only counted."""
@@ -212,6 +215,7 @@ class RecordingWriter:
                     "record each run into its own directory"
                 )
             self._files[key] = h5
+            self._columns[key] = schema.OpenColumns(h5)
             # Whatever the file holds when opened counts as data (a conservative start).
             self._heap[key] = max(0, _path_size(path) - schema.chunk_bytes(h5))
             self._paths.add(os.path.relpath(path, self.run_dir))
@@ -219,6 +223,7 @@ class RecordingWriter:
         return self._files[key]
 
     def _close_file(self, key: tuple[int, bool]) -> None:
+        self._columns.pop(key).clear()  # its datasets must be closed before their file
         h5 = self._files.pop(key)
         path = h5.filename
         try:
