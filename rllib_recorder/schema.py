@@ -160,8 +160,8 @@ def open_for_append(path: str, attrs: Mapping[str, Any], file_space: str = "none
             "format": FORMAT_NAME, "schema_version": SCHEMA_VERSION,
             "recorder_version": __version__,
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "commit": json.dumps({"batches": 0, "agents": {}}),
         })
+        write_commit(h5, {"batches": 0, "agents": {}})
         h5.attrs.update({k: v for k, v in attrs.items() if v is not None})
         h5.require_group("batches")
         h5.require_group("agents")
@@ -204,6 +204,40 @@ def validate_header(h5: h5py.File, path: str) -> None:
 def read_commit(h5: h5py.File) -> dict[str, Any]:
     """The commit record: how many batches, and rows/fragments per agent, are committed."""
     return json.loads(h5.attrs["commit"])
+
+
+# Bytes the commit record holds before its attribute must be made larger (about 25 agents).
+COMMIT_BYTES = 1024
+
+
+def write_commit(h5: h5py.File, commit: Mapping[str, Any]) -> None:
+    """Writes the commit record in place: a fixed-size byte string (JSON padded with spaces).
+
+    A variable-length string attribute is rewritten by deleting and re-creating it, which now and then
+    gives the root group's object header a new chunk at the end of the file; HDF5 flushes metadata in
+    address order, so the header pointing at that chunk reached the disk first, and a kill in between
+    left a file no HDF5 could open (found by scripts/killloop.py). Overwriting a fixed-size attribute
+    allocates nothing. It is re-created (at twice the size) only when the record outgrows it.
+    """
+    data = json.dumps(commit, separators=(",", ":")).encode()
+    capacity = _commit_capacity(h5)
+    if len(data) > capacity:
+        capacity = COMMIT_BYTES
+        while capacity < 2 * len(data):
+            capacity *= 2
+        if "commit" in h5.attrs:
+            del h5.attrs["commit"]
+        h5.attrs.create("commit", np.array(data.ljust(capacity), dtype=f"S{capacity}"))
+        return
+    h5.attrs.modify("commit", np.array(data.ljust(capacity), dtype=f"S{capacity}"))
+
+
+def _commit_capacity(h5: h5py.File) -> int:
+    """Bytes the existing commit attribute holds in place (0: none, or a variable-length string)."""
+    if "commit" not in h5.attrs:
+        return 0
+    dtype = h5.attrs.get_id("commit").dtype
+    return dtype.itemsize if dtype.kind == "S" else 0
 
 
 def committed_keys(h5: h5py.File) -> set[tuple[bytes, int]]:
@@ -453,7 +487,7 @@ def append_chunk(
     # record before the rows it names, and a kill in between would commit garbage.
     _flush(h5, options)
     commit["batches"] = batch_row + 1
-    h5.attrs["commit"] = json.dumps(commit)
+    write_commit(h5, commit)
     _flush(h5, options)
     return {"rows": chunk.agent_steps, "batch_row": batch_row}
 

@@ -116,13 +116,15 @@ def dir_bytes(path: str) -> int:
 
 
 def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work: str,
-              build_order: tuple[str, ...] = VARIANTS) -> dict[str, Any]:
+              build_order: tuple[str, ...] = VARIANTS, warmup: float = 3.0) -> dict[str, Any]:
     algos = {}
     for variant in build_order:
         algos[variant] = build(env, runners, mode, variant, os.path.join(work, f"{env}-{runners}-{mode}-{variant}"))
     steps_total = defaultdict(int)
-    for variant, algo in algos.items():  # warm up: env creation, first forward passes
-        parts = algo.env_runner_group.foreach_env_runner(lambda r: timed_sampling(r, 1.0), local_env_runner=False)
+    # Warm up: env creation, first forward passes and, for the recorder, its first hand-off (held up to
+    # coalesce_s = 2 s) with the file's creation; timed from the steady state on.
+    for variant, algo in algos.items():
+        parts = algo.env_runner_group.foreach_env_runner(lambda r: timed_sampling(r, warmup), local_env_runner=False)
         steps_total[variant] += sum(p["steps"] for p in parts)
     throughput: dict[str, list[float]] = defaultdict(list)
     ratio: dict[str, list[float]] = defaultdict(list)
@@ -218,6 +220,8 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["truncate_episodes", "complete_episodes"])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=None, help="timed block (default: cartpole 6, breakout 12)")
+    parser.add_argument("--warmup", type=float, default=3.0,
+                        help="untimed sampling per variant before the first block (covers the first hand-off)")
     parser.add_argument("--build-order", nargs=3, default=list(VARIANTS), choices=VARIANTS,
                         help="order in which the variants' algorithms are built (timing order rotates anyway)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/BENCHMARKS.md alone")
@@ -234,7 +238,8 @@ def main() -> None:
                 for mode in args.modes:
                     seconds = args.seconds or (6.0 if env == "cartpole" else 12.0)
                     print(f"{env}, {runners} runners, {mode}, {args.reps} x {seconds:.0f} s per variant", flush=True)
-                    rows.append(bench_row(env, runners, mode, args.reps, seconds, work, tuple(args.build_order)))
+                    rows.append(bench_row(env, runners, mode, args.reps, seconds, work, tuple(args.build_order),
+                                          args.warmup))
     finally:
         ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)

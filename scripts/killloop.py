@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -94,8 +95,8 @@ def check(path: str, file_space: str) -> tuple[int, str | None]:
     """Reopens like a restarted writer, then checks every committed row; (rows, problem or None)."""
     try:
         h5 = schema.open_for_append(path, {"run_id": "killloop"}, file_space)
-    except RecorderError as e:
-        return -1, f"reopen failed: {e}"
+    except (RecorderError, OSError, KeyError, ValueError, RuntimeError) as e:  # what h5py raises on damage
+        return -1, f"reopen failed: {type(e).__name__}: {e}"
     try:
         rows = schema.read_commit(h5)["agents"].get(AGENT, (0, 0))[0]
         if not rows:
@@ -134,7 +135,12 @@ def run_variant(file_space: str, kills: int, rows: int, seed: int) -> dict:
             max_size = max(max_size, os.path.getsize(path))
             committed, problem = check(path, file_space)
             if problem:
+                kept = os.path.join(tempfile.gettempdir(), f"killloop-damaged-{file_space}-seed{seed}.h5")
+                shutil.copyfile(path, kept)
+                problem += f" (file kept: {kept})"
                 break
+            if done % 50 == 0:
+                print(f"  {file_space}: {done} kills, {committed} committed rows intact", file=sys.stderr, flush=True)
         live = _sum_storage(path) if not problem else 0
         return {"file_space": file_space, "kills": done, "damaged": bool(problem), "problem": problem,
                 "committed_rows": committed, "file_bytes": os.path.getsize(path), "max_file_bytes": max_size,

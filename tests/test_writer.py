@@ -189,7 +189,8 @@ def test_a_frame_that_is_not_exact_turns_the_column_back_into_float32_losslessly
         assert not [k for k in h5["agents/default_agent/steps"] if k.endswith(schema.FLOAT_SUFFIX)]
 
 
-@pytest.mark.parametrize("sent", [("codes", "codes"), ("codes", "inexact"), ("inexact", "codes"), ("codes", "floats")])
+@pytest.mark.parametrize("sent", [("codes", "codes"), ("codes", "inexact", "codes"), ("inexact", "codes"),
+                                  ("codes", "floats")])
 @pytest.mark.parametrize("writer_encodes", [True, False])
 def test_frames_the_runner_sends_as_uint8_codes_are_stored_losslessly_whatever_came_before(tmp_path, sent,
                                                                                              writer_encodes):
