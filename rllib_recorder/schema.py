@@ -17,7 +17,7 @@ from rllib_recorder.convert import Chunk, Stream, decode_codes, encode_uint8, im
 from rllib_recorder.errors import SchemaError
 
 FORMAT_NAME = "rllib_recorder"
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "1.3"
 SENDER_ID_DTYPE = np.dtype("S32")
 
 # Every name below is documented in docs/FORMAT.md (a test checks it).

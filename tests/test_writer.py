@@ -319,3 +319,39 @@ def test_a_stale_end_of_allocation_left_by_a_kill_is_repaired_before_reopening_n
         obs = h5["agents/default_agent/steps/obs"][()]
         np.testing.assert_array_equal(obs[:, 0], np.arange(70))
         assert json.loads(h5.attrs["commit"])["batches"] == 3
+
+
+def test_commits_overwrite_the_record_in_place_so_the_root_header_never_grows(tmp_path):
+    # Rewritten as a variable-length string, the record now and then gave the root header a new chunk at the
+    # end of the file (in the kill loop's workload at its 339th append), and a kill between the flushes of the
+    # header and of that chunk (HDF5 flushes metadata in address order) left a file no HDF5 could open.
+    # Overwritten in place as a fixed-size string, a commit allocates nothing.
+    writer = _writer(tmp_path)
+    sizes, counts = set(), []
+    for seq in range(24):  # row counts pass 10, 100, 1,000 and 10,000: the JSON grows by a digit each time
+        writer.append(1, False, b"s" * 32, seq, episodes_to_chunk([make_episode(10 + 40 * seq, eps_id=f"e{seq}")]))
+        h5 = writer._files[(1, False)]
+        sizes.add(h5py.h5o.get_info(h5.id).hdr.space.total)
+        counts.append(schema.read_commit(h5)["agents"]["default_agent"][0])
+    writer.close()
+    assert counts[-1] > 10_000 and len(sizes) == 1
+    with h5py.File(tmp_path / "worker-001.h5", "r") as h5:
+        assert h5.attrs.get_id("commit").dtype == np.dtype(f"S{schema.COMMIT_BYTES}")
+        assert json.loads(h5.attrs["commit"]) == {"batches": 24, "agents": {"default_agent": [counts[-1], 24]}}
+
+
+def test_an_older_files_variable_length_commit_is_read_and_replaced_on_the_next_append(tmp_path):
+    writer = _writer(tmp_path)
+    writer.append(1, False, b"s" * 32, 0, episodes_to_chunk([make_episode(3, eps_id="a")]))
+    writer.close()
+    with h5py.File(tmp_path / "worker-001.h5", "a") as h5:  # as schema 1.2 wrote it
+        del h5.attrs["commit"]
+        h5.attrs["commit"] = json.dumps({"batches": 1, "agents": {"default_agent": [3, 1]}})
+        assert h5.attrs.get_id("commit").dtype.kind == "O"
+    writer = _writer(tmp_path)
+    writer.append(1, False, b"s" * 32, 1, episodes_to_chunk([make_episode(2, eps_id="b", obs_offset=10)]))
+    writer.close()
+    with h5py.File(tmp_path / "worker-001.h5", "r") as h5:
+        assert h5.attrs.get_id("commit").dtype.kind == "S"
+        assert json.loads(h5.attrs["commit"]) == {"batches": 2, "agents": {"default_agent": [5, 2]}}
+        np.testing.assert_array_equal(h5["agents/default_agent/steps/obs"][:, 0], [0, 1, 2, 10, 11])
