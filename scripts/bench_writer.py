@@ -124,6 +124,10 @@ def writer_run(run_dir: str, chunks: list[Any], storage: Any) -> tuple[float, in
 
 
 def actor_run(run_dir: str, chunks: list[Any], window: int = 4) -> tuple[float, list[float]]:
+    """Appends ``chunks`` through a writer actor with ``window`` calls in flight; (seconds, ack latencies).
+
+    Every acknowledgement is fetched and checked: a failed or duplicate append raises instead of being timed.
+    """
     import ray
 
     from rllib_recorder import schema
@@ -132,19 +136,29 @@ def actor_run(run_dir: str, chunks: list[Any], window: int = 4) -> tuple[float, 
     actor = ray.remote(RecordingWriter).options(num_cpus=0).remote(run_dir, "bench-actor", schema.StorageOptions())
     ray.get(actor.stats.remote())
     refs = [ray.put(c) for c in chunks]  # the env runner's side of the copy is not timed here
-    latencies, in_flight = [], {}
+    latencies, in_flight, rows = [], {}, 0
+
+    def acknowledge() -> None:
+        nonlocal rows
+        done, _ = ray.wait(list(in_flight), num_returns=1)
+        latencies.append(time.perf_counter() - in_flight.pop(done[0]))
+        ack = ray.get(done[0])  # raises the writer's error, if any
+        if ack["duplicate"]:
+            raise RuntimeError(f"actor run: chunk {ack['seq']} was taken for a duplicate; use a fresh run_dir")
+        rows += ack["rows"]
+
     start = time.perf_counter()
     for seq, ref in enumerate(refs):
         while len(in_flight) >= window:
-            done, _ = ray.wait(list(in_flight), num_returns=1)
-            latencies.append(time.perf_counter() - in_flight.pop(done[0]))
+            acknowledge()
         in_flight[actor.append.remote(1, False, b"a" * 32, seq, ref)] = time.perf_counter()
     while in_flight:
-        done, _ = ray.wait(list(in_flight), num_returns=1)
-        latencies.append(time.perf_counter() - in_flight.pop(done[0]))
+        acknowledge()
     elapsed = time.perf_counter() - start
     ray.get(actor.close.remote())
     ray.kill(actor)
+    if rows != sum(c.agent_steps for c in chunks):
+        raise RuntimeError(f"actor run stored {rows} rows of {sum(c.agent_steps for c in chunks)}")
     return elapsed, latencies
 
 
@@ -197,7 +211,8 @@ def main() -> None:
                     timings[codec], size = writer_run(run_dir, chunks, storage)
                     disk[(name, codec)] = size / steps
                     shutil.rmtree(run_dir)
-                elapsed, lat = actor_run(os.path.join(work, f"a-{rep}"), chunks)
+                # a run directory per dataset: the two datasets' columns differ in shape
+                elapsed, lat = actor_run(os.path.join(work, f"a-{rep}-{name.split()[0]}"), chunks)
                 timings["actor, window 4 (default codec)"] = elapsed
                 latency.setdefault(name, []).extend(lat)
                 for row, seconds in timings.items():
