@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 _RUNNER_SUMS = ("chunks_sent", "chunks_acked", "chunks_in_flight", "chunks_dropped", "rows_dropped",
                 "chunks_failed", "rows_failed", "wait_s", "resends", "send_errors", "errors", "samples")
 _WRITER_SUMS = ("env_steps", "agent_steps", "chunks", "raw_bytes", "disk_bytes", "write_s",
-                "duplicate_chunks", "errors")
+                "duplicate_chunks", "errors", "cpu_s")
 
 
 def resolve_run_dir(output_dir: str, config: RecorderConfig, algorithm: Any) -> str:
@@ -162,6 +162,7 @@ class RunRecorder:
             "env_steps_stored": writers["env_steps"], "agent_steps_stored": writers["agent_steps"],
             "chunks_stored": writers["chunks"], "raw_bytes": writers["raw_bytes"],
             "disk_bytes": writers["disk_bytes"], "writer_busy_s": writers["write_s"],
+            "writer_cpu_s": round(writers["cpu_s"], 3),
             "duplicate_chunks": writers["duplicate_chunks"],
             "chunks_in_flight": runners["chunks_in_flight"], "sampler_wait_s": runners["wait_s"],
             "sampler_max_wait_s": max_wait, "chunks_dropped": runners["chunks_dropped"],

@@ -138,6 +138,9 @@ class RecordingWriter:
             "files": len(self._files),
             "files_written": sorted(self._paths),
             "node": socket.gethostname(),
+            # CPU time of the process the writer runs in (its own actor process under Ray): the recorder's
+            # cost on the machine, beside the sampler's wait time
+            "cpu_s": time.process_time(),
             "disk_bytes": sum(_path_size(os.path.join(self.run_dir, p)) for p in self._paths),
             "policy_lag_counts": dict(self._lag),
             "runners": dict(self._sender_stats),

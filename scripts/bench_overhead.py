@@ -81,12 +81,30 @@ def timed_sampling(runner: Any, seconds: float) -> dict[str, float]:
     by every sampled frame, and the page faults of that growth, not the recorder, set the pace.
     """
     steps = calls = 0
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     while time.perf_counter() - start < seconds:
         steps += sum(len(e) for e in runner.sample())
         runner.get_metrics()
         calls += 1
-    return {"steps": steps, "calls": calls, "elapsed": time.perf_counter() - start, "rss": _rss()}
+    return {"steps": steps, "calls": calls, "elapsed": time.perf_counter() - start,
+            "cpu": time.process_time() - cpu, "rss": _rss()}
+
+
+def writer_cpu(runner: Any) -> dict[str, float]:
+    """Runs inside one env runner: {its writer actor's name: CPU seconds of the writer's process so far}."""
+    import ray
+
+    from rllib_recorder.runner import recorder_for
+
+    transport = recorder_for(runner).transport
+    return {transport.writer_name: ray.get(transport.writer_actor.stats.remote())["cpu_s"]}
+
+
+def writers_cpu(group: Any) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for part in group.foreach_env_runner(writer_cpu, local_env_runner=False):
+        out.update(part)
+    return out
 
 
 def recorder_state(runner: Any) -> dict[str, float]:
@@ -128,30 +146,47 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
         steps_total[variant] += sum(p["steps"] for p in parts)
     throughput: dict[str, list[float]] = defaultdict(list)
     ratio: dict[str, list[float]] = defaultdict(list)
+    # CPU seconds per 1,000 env steps over the env runners' processes (+ the writers' for the recorder), and
+    # none's over the variant's: the throughput ratio a CPU-bound machine would see, without the wall-clock noise
+    cpu_k: dict[str, list[float]] = defaultdict(list)
+    cpu_ratio: dict[str, list[float]] = defaultdict(list)
+    writer_share: list[float] = []
     waits, drains, rss = [], [], []
     for rep in range(reps):
         order = VARIANTS[rep % len(VARIANTS):] + VARIANTS[:rep % len(VARIANTS)]
-        rep_tp = {}
+        rep_tp, rep_cpu = {}, {}
         for variant in order:
             group = algos[variant].env_runner_group
             before = group.foreach_env_runner(recorder_state, local_env_runner=False) if variant == "recorder" else None
+            wcpu = writers_cpu(group) if variant == "recorder" else {}
             parts = group.foreach_env_runner(lambda r: timed_sampling(r, seconds), local_env_runner=False)
             if len(parts) != runners:
                 raise RuntimeError(f"{variant}: an env runner died during the timed block (see the log above)")
             steps = sum(p["steps"] for p in parts)
             steps_total[variant] += steps
             rep_tp[variant] = steps / max(p["elapsed"] for p in parts)
+            cpu = sum(p["cpu"] for p in parts)
+            if variant == "recorder":
+                # the writers' CPU for this block: read after the drain below, so it includes the backlog
+                drains.append(max(group.foreach_env_runner(drain, local_env_runner=False)))
+                writer_s = sum(v - wcpu.get(k, 0.0) for k, v in writers_cpu(group).items())
+                writer_share.append(writer_s / max(1e-9, cpu + writer_s))
+                cpu += writer_s
+            rep_cpu[variant] = 1000 * cpu / max(1, steps)
             if variant == "recorder":
                 after = group.foreach_env_runner(recorder_state, local_env_runner=False)
                 samples = sum(a["samples"] - b["samples"] for a, b in zip(after, before))
                 waits.append(1000 * sum(a["wait_s"] - b["wait_s"] for a, b in zip(after, before)) / max(1, samples))
-                drains.append(max(group.foreach_env_runner(drain, local_env_runner=False)))
                 rss.append(max(a["rss"] for a in after))
         for variant in VARIANTS:
             throughput[variant].append(rep_tp[variant])
             ratio[variant].append(rep_tp[variant] / rep_tp["none"])
-        print(f"  rep {rep}: " + ", ".join(f"{v} {rep_tp[v]:.0f} steps/s ({rep_tp[v] / rep_tp['none']:.3f})"
-                                          for v in VARIANTS), flush=True)
+            cpu_k[variant].append(rep_cpu[variant])
+            cpu_ratio[variant].append(rep_cpu["none"] / rep_cpu[variant])
+        print(f"  rep {rep}: " + ", ".join(f"{v} {rep_tp[v]:.0f} steps/s ({rep_tp[v] / rep_tp['none']:.3f}; "
+                                          f"CPU {rep_cpu[v]:.2f} s/1k steps, {rep_cpu['none'] / rep_cpu[v]:.3f})"
+                                          for v in VARIANTS) + f"; writer {100 * writer_share[-1]:.1f}% of the CPU",
+              flush=True)
     disk = {}
     for algo in algos.values():
         algo.stop()
@@ -167,6 +202,7 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
     raw_per_step = totals.get("raw_bytes", 0) / max(1, stored)
     return {
         "env": env, "runners": runners, "mode": mode, "throughput": throughput, "ratio": ratio,
+        "cpu_k": cpu_k, "cpu_ratio": cpu_ratio, "writer_share": writer_share,
         "wait_ms": waits, "drain_s": drains, "rss_mib": rss, "disk_per_step": disk, "raw_per_step": raw_per_step,
         "stored": stored, "sampled": steps_total["recorder"],
     }
@@ -174,15 +210,18 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| env | runners | batch mode | none steps/s | recorder ratio | rllib ratio | recorder wait ms/sample "
+        "| env | runners | batch mode | none steps/s | recorder ratio | rllib ratio | recorder CPU ratio "
+        "| rllib CPU ratio | writer % of CPU | recorder wait ms/sample "
         "| drain s | bytes/step recorder | bytes/step rllib | raw bytes/step | compression | runner RSS MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         disk = r["disk_per_step"]
         lines.append(
             f"| {r['env']} | {r['runners']} | {r['mode']} | {benchdoc.cell(r['throughput']['none'], '{:.0f}')} "
             f"| {benchdoc.cell(r['ratio']['recorder'])} | {benchdoc.cell(r['ratio']['rllib'])} "
+            f"| {benchdoc.cell(r['cpu_ratio']['recorder'])} | {benchdoc.cell(r['cpu_ratio']['rllib'])} "
+            f"| {benchdoc.cell([100 * w for w in r['writer_share']], '{:.1f}')} "
             f"| {benchdoc.cell(r['wait_ms'], '{:.2f}')} | {max(r['drain_s']):.2f} "
             f"| {disk['recorder']:.0f} | {disk['rllib']:.0f} | {r['raw_per_step']:.0f} "
             f"| {r['raw_per_step'] / max(1e-9, disk['recorder']):.1f}x | {max(r['rss_mib']):.0f} |"
@@ -253,6 +292,9 @@ def main() -> None:
         benchdoc.write_section("Sampling overhead (scripts/bench_overhead.py)", table(rows) + f"""
 
 Ratios: env-runner sampling throughput (env steps/s, learner excluded) over no recording, same repetition.
+CPU ratios: CPU seconds per env step of no recording over the variant's, same repetition, counting the env
+runners' processes and, for the recorder, its writer actors' (`writer % of CPU`: their share): the throughput
+ratio a CPU-bound machine would see, measured without the wall-clock noise of a shared machine.
 `wait ms/sample`: time the sampler waited for the recorder's window per `on_sample_end`. `drain s`: after a timed
 block, the time until every held and in-flight chunk was acknowledged (the writers' backlog). `raw bytes/step`:
 the recorded arrays before compression. Chart: `docs/bench_overhead.png`.

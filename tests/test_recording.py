@@ -98,8 +98,9 @@ def test_train_results_carry_recorder_metrics(new_stack_run):
     _, results, _ = new_stack_run
     metrics = results[-1]["recorder"]
     for key in ("env_steps_stored", "raw_bytes", "disk_bytes", "chunks_in_flight", "sampler_wait_s",
-                "chunks_dropped", "errors", "policy_lag_mean", "policy_lag_hist"):
+                "chunks_dropped", "errors", "policy_lag_mean", "policy_lag_hist", "writer_cpu_s"):
         assert key in metrics, key
+    assert 0 < metrics["writer_cpu_s"] < 600  # the writer actor's own process, since it started
     assert metrics["errors"] == 0 and metrics["chunks_dropped"] == 0
     assert results[-1]["recorder"]["env_steps_stored"] > 0
     assert metrics["policy_lag_max"] == 0  # synchronous PPO samples with the learner's weights
