@@ -405,7 +405,8 @@ class OpenColumns:
         self.h5 = h5
         self._groups: dict[str, h5py.Group] = {}
         self._columns: dict[str, _Column] = {}
-        self._containers: set[tuple[str, str, str]] = set()
+        # (stream group, column, container kind) already marked on the file
+        self.containers_marked: set[tuple[str, str, str]] = set()
 
     def group(self, name: str) -> h5py.Group:
         """The group ``name`` (created if missing)."""
@@ -430,7 +431,7 @@ class OpenColumns:
         """Drops every held dataset and group (before the file is closed)."""
         self._groups.clear()
         self._columns.clear()
-        self._containers.clear()
+        self.containers_marked.clear()
 
 
 @dataclass
@@ -510,12 +511,12 @@ def _append_stream(
     _append_columns(columns, steps, stream.steps, rows, options, _codes(stream, "steps"))
     _append_columns(columns, fragments, frag_cols, frags, options, _codes(stream, "fragments"))
     for path, kind in stream.containers.items():
-        if (name, path, kind) in columns._containers:
+        if (name, path, kind) in columns.containers_marked:
             continue
         target = steps if path in steps else fragments if path in fragments else None
         if target is not None and target[path].attrs.get("container") != kind:
             target[path].attrs["container"] = kind
-        columns._containers.add((name, path, kind))
+        columns.containers_marked.add((name, path, kind))
 
 
 def decode_uint8(dataset: h5py.Dataset, values: np.ndarray) -> np.ndarray:
