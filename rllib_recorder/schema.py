@@ -221,15 +221,15 @@ def write_commit(h5: h5py.File, commit: Mapping[str, Any]) -> None:
     """
     data = json.dumps(commit, separators=(",", ":")).encode()
     capacity = _commit_capacity(h5)
-    if len(data) > capacity:
-        capacity = COMMIT_BYTES
-        while capacity < 2 * len(data):
-            capacity *= 2
-        if "commit" in h5.attrs:
-            del h5.attrs["commit"]
-        h5.attrs.create("commit", np.array(data.ljust(capacity), dtype=f"S{capacity}"))
+    if len(data) <= capacity:
+        h5.attrs.modify("commit", np.array(data.ljust(capacity), dtype=f"S{capacity}"))
         return
-    h5.attrs.modify("commit", np.array(data.ljust(capacity), dtype=f"S{capacity}"))
+    capacity = COMMIT_BYTES
+    while capacity < 2 * len(data):
+        capacity *= 2
+    if "commit" in h5.attrs:
+        del h5.attrs["commit"]
+    h5.attrs.create("commit", np.array(data.ljust(capacity), dtype=f"S{capacity}"))
 
 
 def _commit_capacity(h5: h5py.File) -> int:
@@ -543,7 +543,7 @@ def _encoded_rows(columns: OpenColumns, group: h5py.Group, path: str, values: np
     # Not exact: rewrite the column as float32 (stored rows decoded exactly), then append as is.
     decoded = decode_codes(column.dataset[:start], *column.encoding)
     columns.forget(group, path)
-    del column
+    del column  # the last reference to the old dataset: closed before it is unlinked below
     _create_column(group, path + FLOAT_SUFFIX, values, 0, options, encoding=None)
     replacement = group[path + FLOAT_SUFFIX]
     replacement.resize(start, axis=0)

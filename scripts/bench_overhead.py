@@ -146,9 +146,8 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
         steps_total[variant] += sum(p["steps"] for p in parts)
     throughput: dict[str, list[float]] = defaultdict(list)
     ratio: dict[str, list[float]] = defaultdict(list)
-    # CPU seconds per 1,000 env steps over the env runners' processes (+ the writers' for the recorder), and
-    # none's over the variant's: the throughput ratio a CPU-bound machine would see, without the wall-clock noise
-    cpu_k: dict[str, list[float]] = defaultdict(list)
+    # CPU seconds per env step over the env runners' processes (+ the writers' for the recorder), none's over the
+    # variant's: the throughput ratio a CPU-bound machine would see, from CPU time instead of wall time
     cpu_ratio: dict[str, list[float]] = defaultdict(list)
     writer_share: list[float] = []
     waits, drains, rss = [], [], []
@@ -181,7 +180,6 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
         for variant in VARIANTS:
             throughput[variant].append(rep_tp[variant])
             ratio[variant].append(rep_tp[variant] / rep_tp["none"])
-            cpu_k[variant].append(rep_cpu[variant])
             cpu_ratio[variant].append(rep_cpu["none"] / rep_cpu[variant])
         print(f"  rep {rep}: " + ", ".join(f"{v} {rep_tp[v]:.0f} steps/s ({rep_tp[v] / rep_tp['none']:.3f}; "
                                           f"CPU {rep_cpu[v]:.2f} s/1k steps, {rep_cpu['none'] / rep_cpu[v]:.3f})"
@@ -202,7 +200,7 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
     raw_per_step = totals.get("raw_bytes", 0) / max(1, stored)
     return {
         "env": env, "runners": runners, "mode": mode, "throughput": throughput, "ratio": ratio,
-        "cpu_k": cpu_k, "cpu_ratio": cpu_ratio, "writer_share": writer_share,
+        "cpu_ratio": cpu_ratio, "writer_share": writer_share,
         "wait_ms": waits, "drain_s": drains, "rss_mib": rss, "disk_per_step": disk, "raw_per_step": raw_per_step,
         "stored": stored, "sampled": steps_total["recorder"],
     }
@@ -294,7 +292,8 @@ def main() -> None:
 Ratios: env-runner sampling throughput (env steps/s, learner excluded) over no recording, same repetition.
 CPU ratios: CPU seconds per env step of no recording over the variant's, same repetition, counting the env
 runners' processes and, for the recorder, its writer actors' (`writer % of CPU`: their share): the throughput
-ratio a CPU-bound machine would see, measured without the wall-clock noise of a shared machine.
+ratio a CPU-bound machine would see, from CPU time instead of wall time (on this machine it is about as noisy:
+the CPU time one step takes varies too).
 `wait ms/sample`: time the sampler waited for the recorder's window per `on_sample_end`. `drain s`: after a timed
 block, the time until every held and in-flight chunk was acknowledged (the writers' backlog). `raw bytes/step`:
 the recorded arrays before compression. Chart: `docs/bench_overhead.png`.
