@@ -35,7 +35,7 @@ class Stream:
     steps: dict[str, np.ndarray]
     fragments: dict[str, np.ndarray]
     containers: dict[str, str] = field(default_factory=dict)
-    # Columns the env runner sent as exact uint8 codes of float32 values (``encode_images``):
+    # Columns the env runner sent as exact uint8 codes of float32 values (``encode_stream``):
     # ``{"steps/obs": (scale, offset)}``; the float32 value of a code is ``code * scale + offset``.
     encoded: dict[str, tuple[float, float]] = field(default_factory=dict)
 
@@ -88,6 +88,8 @@ class ConvertOptions:
 
     record_infos: bool = True
     record_extra_model_outputs: bool = True
+    # Send exact-uint8 float32 images as uint8 codes, encoded per episode before anything is concatenated.
+    encode_images: bool = False
 
 
 def episodes_to_chunk(
@@ -105,12 +107,14 @@ def episodes_to_chunk(
                 stream = _single_episode_stream(
                     agent_episode, str(episode.id_), agent_episode.module_id, options
                 )
+                stream = encode_stream(stream) if options.encode_images else stream
                 parts.setdefault(str(agent_id), []).append(stream)
         else:
             env_steps += len(episode)
             if len(episode) == 0:
                 continue
             stream = _single_episode_stream(episode, str(episode.id_), episode.module_id, options)
+            stream = encode_stream(stream) if options.encode_images else stream
             parts.setdefault(_agent_key(episode.agent_id), []).append(stream)
     streams = {key: concat_streams(group) for key, group in parts.items()}
     return Chunk(streams=streams, env_steps=env_steps, sampled_at_s=sampled_at_s)
@@ -139,16 +143,20 @@ def batch_to_chunk(
         for policy_id, policy_batch in policy_batches.items()
         if len(policy_batch["rewards"])
     }
+    if options.encode_images:
+        streams = {key: encode_stream(stream) for key, stream in streams.items()}
     return Chunk(streams=streams, env_steps=env_steps, sampled_at_s=sampled_at_s)
 
 
 def concat_streams(streams: Sequence[Stream]) -> Stream:
-    """Concatenates streams of one agent row-wise; their columns must match (and not be encoded yet)."""
+    """Concatenates streams of one agent row-wise; their columns must match.
+
+    A column every stream holds as uint8 codes of the same grid stays encoded; one that some streams hold
+    as codes and others as floats (or on another grid) is decoded where needed and concatenated as float32.
+    """
     if len(streams) == 1:
         return streams[0]
     first = streams[0]
-    if any(s.encoded for s in streams):
-        raise ConversionError("cannot merge encoded samples; merge first, then encode_images")
     for other in streams[1:]:
         if other.steps.keys() != first.steps.keys() or other.fragments.keys() != first.fragments.keys():
             missing = sorted(set(first.steps) ^ set(other.steps) | set(first.fragments) ^ set(other.fragments))
@@ -156,10 +164,20 @@ def concat_streams(streams: Sequence[Stream]) -> Stream:
                 f"cannot merge samples whose columns differ ({', '.join(missing)}); "
                 "every episode of one agent must carry the same columns"
             )
+    encoded = {k: v for k, v in first.encoded.items() if all(s.encoded.get(k) == v for s in streams)}
+
+    def column(table: str, path: str) -> np.ndarray:
+        key = f"{table}/{path}"
+        parts = [getattr(s, table)[path] for s in streams]
+        if key not in encoded and any(key in s.encoded for s in streams):
+            parts = [decode_codes(a, *s.encoded[key]) if key in s.encoded else a for s, a in zip(streams, parts)]
+        return np.concatenate(parts)
+
     return Stream(
-        steps={k: np.concatenate([s.steps[k] for s in streams]) for k in first.steps},
-        fragments={k: np.concatenate([s.fragments[k] for s in streams]) for k in first.fragments},
+        steps={k: column("steps", k) for k in first.steps},
+        fragments={k: column("fragments", k) for k in first.fragments},
         containers={k: v for s in streams for k, v in s.containers.items()},
+        encoded=encoded,
     )
 
 
@@ -228,27 +246,30 @@ def image_grid(values: np.ndarray) -> tuple[np.float32, np.float32] | None:
 
 
 def encode_images(chunk: Chunk) -> Chunk:
-    """``chunk`` with every float32 image column (3 or more dims) that holds exact uint8 codes sent as uint8.
+    """``chunk`` with every float32 image column that holds exact uint8 codes as uint8 (``encode_stream``)."""
+    return Chunk(streams={key: encode_stream(s) for key, s in chunk.streams.items()}, env_steps=chunk.env_steps,
+                 num_samples=chunk.num_samples, sampled_at_s=chunk.sampled_at_s)
 
-    Runs in the env runner just before a chunk is handed to Ray: a quarter of the bytes through the object
-    store and in the outbox's window, and the writer need not check the frames. A column that is not exact
-    stays float32 (the writer then checks it, and falls back as before). Lossless either way.
+
+def encode_stream(stream: Stream) -> Stream:
+    """``stream`` with every float32 image column (3 or more dims) that holds exact uint8 codes as uint8.
+
+    Runs in the env runner on each episode's columns as they are converted (``ConvertOptions.encode_images``):
+    a quarter of the bytes to concatenate when samples are coalesced, through the object store and in the
+    outbox's window, and the writer need not check the frames. A column that is not exact stays float32 (the
+    writer then checks it, and falls back as before). Lossless either way.
     """
-    streams = {}
-    for key, stream in chunk.streams.items():
-        encoded = dict(stream.encoded)
-        tables = {}
-        for table, columns in (("steps", stream.steps), ("fragments", stream.fragments)):
-            out = dict(columns)
-            for path, values in columns.items():
-                grid = None if f"{table}/{path}" in encoded else image_grid(values)
-                codes = encode_uint8(values, *grid) if grid is not None else None
-                if codes is not None:
-                    out[path], encoded[f"{table}/{path}"] = codes, (float(grid[0]), float(grid[1]))
-            tables[table] = out
-        streams[key] = Stream(tables["steps"], tables["fragments"], dict(stream.containers), encoded)
-    return Chunk(streams=streams, env_steps=chunk.env_steps, num_samples=chunk.num_samples,
-                 sampled_at_s=chunk.sampled_at_s)
+    encoded = dict(stream.encoded)
+    tables = {}
+    for table, columns in (("steps", stream.steps), ("fragments", stream.fragments)):
+        out = dict(columns)
+        for path, values in columns.items():
+            grid = None if f"{table}/{path}" in encoded else image_grid(values)
+            codes = encode_uint8(values, *grid) if grid is not None else None
+            if codes is not None:
+                out[path], encoded[f"{table}/{path}"] = codes, (float(grid[0]), float(grid[1]))
+        tables[table] = out
+    return Stream(tables["steps"], tables["fragments"], dict(stream.containers), encoded)
 
 
 def flatten_value(prefix: str, value: Any, containers: dict[str, str]) -> dict[str, np.ndarray]:

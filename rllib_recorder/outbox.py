@@ -85,7 +85,9 @@ class Outbox:
         sender_id: bytes | None = None, encode: bool = False,
     ) -> None:
         self.transport = transport
-        self.encode = encode  # send exact-uint8 float32 images as uint8 codes (convert.encode_images)
+        # send exact-uint8 float32 images as uint8 codes (convert.encode_images); the runner's conversion has
+        # normally encoded each episode already, this catches columns coalescing left (or made) float32
+        self.encode = encode
         self.window = window
         self.policy = policy
         self.coalesce_rows = coalesce_rows

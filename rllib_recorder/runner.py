@@ -96,7 +96,7 @@ class RunnerRecorder:
             return
         config = binding.config
         self.binding = binding
-        self.options = ConvertOptions(config.record_infos, config.record_extra_model_outputs)
+        self.options = ConvertOptions(config.record_infos, config.record_extra_model_outputs, config.encode_uint8)
         if not self.enabled:
             self._unbound.clear()
             return

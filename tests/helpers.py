@@ -25,6 +25,20 @@ def make_episode(n: int, *, t_started: int = 0, obs_offset: float = 0.0, termina
 SINK: list = []
 
 
+def image_episode(codes, eps_id, t_started=0, scale=128.0, offset=-1.0):
+    """A fragment whose (n+1) image observations are ``codes / scale + offset`` (float32), like RLlib's Atari frames."""
+    from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+
+    obs = [np.float32(c) / np.float32(scale) + np.float32(offset) for c in codes]
+    n = len(obs) - 1
+    episode = SingleAgentEpisode(
+        id_=eps_id, observations=obs, actions=[0] * n, rewards=[0.0] * n, infos=[{}] * (n + 1),
+        extra_model_outputs={"weights_seq_no": [0] * n}, len_lookback_buffer=0, t_started=t_started,
+    )
+    episode.to_numpy()
+    return episode, np.stack(obs)
+
+
 def collect(item) -> None:
     """A `replay --to tests.helpers:collect` target: keeps what it is given."""
     SINK.append(item)

@@ -9,10 +9,10 @@ from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
 from rllib_recorder.convert import (
-    ConvertOptions, batch_to_chunk, episodes_to_chunk, flatten_value, merge_chunks,
+    ConvertOptions, batch_to_chunk, encode_images, episodes_to_chunk, flatten_value, merge_chunks,
 )
 from rllib_recorder.errors import ConversionError
-from tests.helpers import make_episode
+from tests.helpers import image_episode, make_episode
 
 
 def test_single_agent_fragment_columns_exact():
@@ -113,6 +113,36 @@ def test_merge_chunks_concatenates_in_order():
     assert merged.num_samples == 2 and merged.env_steps == 5
     np.testing.assert_array_equal(stream.steps["obs"][:, 0], [0, 1, 100, 101, 102])
     assert stream.fragments["num_rows"].tolist() == [2, 3]
+
+
+def test_frames_are_encoded_per_episode_before_concatenation_as_a_whole_chunk_would_be():
+    rng = np.random.default_rng(5)
+    episodes = [image_episode(rng.integers(0, 256, size=(n, 6, 6, 2)), f"e{n}")[0] for n in (3, 5, 2)]
+    per_episode = episodes_to_chunk(episodes, ConvertOptions(encode_images=True)).streams["default_agent"]
+    whole = encode_images(episodes_to_chunk(episodes)).streams["default_agent"]
+    assert per_episode.encoded == whole.encoded == {"steps/obs": (1 / 128, -1.0), "fragments/last_obs": (1 / 128, -1.0)}
+    for table in ("steps", "fragments"):
+        for path, values in getattr(whole, table).items():
+            got = getattr(per_episode, table)[path]
+            assert got.dtype == values.dtype and got.shape == values.shape, path
+            if values.dtype != object:
+                np.testing.assert_array_equal(got, values)
+
+
+def test_merging_encoded_and_float_samples_decodes_only_the_columns_they_disagree_on():
+    rng = np.random.default_rng(6)
+    (a, frames_a), (b, frames_b) = (image_episode(rng.integers(0, 256, size=(4, 5, 5, 1)), e) for e in "ab")
+    b.get_observations()[1, 2, 2, 0] += np.float32(1e-3)  # one value off the grid: b's steps stay float32
+    frames_b[1, 2, 2, 0] += np.float32(1e-3)
+    options = ConvertOptions(encode_images=True)
+    merged = merge_chunks([episodes_to_chunk([a], options), episodes_to_chunk([b], options)])
+    stream = merged.streams["default_agent"]
+    assert stream.encoded == {"fragments/last_obs": (1 / 128, -1.0)}  # both sent their last frame as codes
+    assert stream.steps["obs"].dtype == np.float32
+    assert np.array_equal(stream.steps["obs"], np.concatenate([frames_a[:-1], frames_b[:-1]]))  # bit for bit
+    assert np.array_equal(stream.fragments["last_obs"].astype(np.float32) / 128 - 1, [frames_a[-1], frames_b[-1]])
+    again = encode_images(merged).streams["default_agent"]  # the outbox's check at send time finds it inexact
+    assert again.steps["obs"].dtype == np.float32 and "steps/obs" not in again.encoded
 
 
 def test_text_observations_become_utf8_bytes():

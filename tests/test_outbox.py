@@ -161,13 +161,13 @@ def test_refused_chunk_is_counted_as_failed_not_resent():
 
 
 def test_coalesced_frames_are_sent_as_uint8_codes_and_kept_that_way_for_resending():
-    from tests.test_writer import _image_episode
+    from tests.helpers import image_episode
 
     rng = np.random.default_rng(3)
     outbox, transport, _ = make(dict(), coalesce_rows=6, coalesce_s=60, encode=True)
     sent = []
     transport.send = lambda sender_id, seq, c, stats: sent.append(c) or (seq, 0)
-    parts = [_image_episode(rng.integers(0, 256, size=(4, 6, 6, 1)), f"e{i}") for i in range(2)]
+    parts = [image_episode(rng.integers(0, 256, size=(4, 6, 6, 1)), f"e{i}") for i in range(2)]
     for episode, _ in parts:
         outbox.add(episodes_to_chunk([episode]))
     (chunk_sent,) = sent

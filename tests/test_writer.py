@@ -10,7 +10,7 @@ from rllib_recorder import schema
 from rllib_recorder.convert import episodes_to_chunk
 from rllib_recorder.errors import RecorderError, SchemaError
 from rllib_recorder.writer import RecordingWriter
-from tests.helpers import make_episode
+from tests.helpers import image_episode, make_episode
 
 
 def _writer(tmp_path, run_id="run-1"):
@@ -135,26 +135,12 @@ def test_nested_dict_tuple_observations_read_back_as_nested(tmp_path):
     np.testing.assert_array_equal(stored.next_obs["pos"], [[1, 1], [2, 2], [3, 3]])
 
 
-def _image_episode(codes, eps_id, t_started=0, scale=128.0, offset=-1.0):
-    """A fragment whose (n+1) image observations are ``codes / scale + offset`` (float32), like RLlib's Atari frames."""
-    from ray.rllib.env.single_agent_episode import SingleAgentEpisode
-
-    obs = [np.float32(c) / np.float32(scale) + np.float32(offset) for c in codes]
-    n = len(obs) - 1
-    episode = SingleAgentEpisode(
-        id_=eps_id, observations=obs, actions=[0] * n, rewards=[0.0] * n, infos=[{}] * (n + 1),
-        extra_model_outputs={"weights_seq_no": [0] * n}, len_lookback_buffer=0, t_started=t_started,
-    )
-    episode.to_numpy()
-    return episode, np.stack(obs)
-
-
 def test_exact_float_frames_are_stored_as_uint8_and_read_back_bit_for_bit(tmp_path):
     from rllib_recorder.reader import open_run
 
     rng = np.random.default_rng(0)
     codes = rng.integers(0, 256, size=(6, 8, 8, 4)).astype(np.uint8)
-    episode, frames = _image_episode(codes, "img")
+    episode, frames = image_episode(codes, "img")
     writer = _writer(tmp_path)
     writer.append(1, False, b"s" * 32, 0, episodes_to_chunk([episode]))
     writer.close()
@@ -173,8 +159,8 @@ def test_exact_float_frames_are_stored_as_uint8_and_read_back_bit_for_bit(tmp_pa
 
 def test_a_frame_that_is_not_exact_turns_the_column_back_into_float32_losslessly(tmp_path):
     rng = np.random.default_rng(1)
-    first, frames1 = _image_episode(rng.integers(0, 256, size=(4, 8, 8, 1)), "a")
-    second, frames2 = _image_episode(rng.integers(0, 256, size=(3, 8, 8, 1)), "b")
+    first, frames1 = image_episode(rng.integers(0, 256, size=(4, 8, 8, 1)), "a")
+    second, frames2 = image_episode(rng.integers(0, 256, size=(3, 8, 8, 1)), "b")
     second_obs = second.get_observations()
     second_obs[1, 0, 0, 0] += np.float32(1e-3)  # no longer code / 128 - 1
     frames2[1, 0, 0, 0] += np.float32(1e-3)
@@ -199,7 +185,7 @@ def test_frames_the_runner_sends_as_uint8_codes_are_stored_losslessly_whatever_c
     rng = np.random.default_rng(2)
     chunks, expected = [], []
     for i, how in enumerate(sent):
-        episode, frames = _image_episode(rng.integers(0, 256, size=(5, 8, 8, 2)), f"e{i}")
+        episode, frames = image_episode(rng.integers(0, 256, size=(5, 8, 8, 2)), f"e{i}")
         if how == "inexact":
             episode.get_observations()[2, 1, 1, 1] += np.float32(1e-3)  # no longer code / 128 - 1
             frames[2, 1, 1, 1] += np.float32(1e-3)
@@ -232,7 +218,7 @@ def test_frames_the_runner_sends_as_uint8_codes_are_stored_losslessly_whatever_c
 
 def test_reopen_finishes_a_float_rewrite_cut_short_by_a_crash(tmp_path):
     rng = np.random.default_rng(2)
-    episode, frames = _image_episode(rng.integers(0, 256, size=(4, 8, 8, 1)), "a")
+    episode, frames = image_episode(rng.integers(0, 256, size=(4, 8, 8, 1)), "a")
     writer = _writer(tmp_path)
     writer.append(1, False, b"s" * 32, 0, episodes_to_chunk([episode]))
     writer.close()
@@ -242,7 +228,7 @@ def test_reopen_finishes_a_float_rewrite_cut_short_by_a_crash(tmp_path):
         steps.create_dataset("obs" + schema.FLOAT_SUFFIX, data=frames[:-1], maxshape=(None, 8, 8, 1))
         del steps["obs"]
     again = _writer(tmp_path)
-    again.append(1, False, b"s" * 32, 1, episodes_to_chunk([_image_episode(np.zeros((2, 8, 8, 1)), "b")[0]]))
+    again.append(1, False, b"s" * 32, 1, episodes_to_chunk([image_episode(np.zeros((2, 8, 8, 1)), "b")[0]]))
     again.close()
     with h5py.File(path, "r") as h5:
         obs = h5["agents/default_agent/steps/obs"][()]
