@@ -37,7 +37,8 @@ class RecorderConfig:
         compression_level: gzip level, 0-9.
         hdf5_chunk_bytes: Target size of one HDF5 chunk of a column (at most 4096 rows).
         encode_uint8: Store float32 image columns that hold exact uint8 values scaled
-            (RLlib's Atari frames: ``u8 / 128 - 1``; or ``u8 / 255``) as uint8 plus the
+            (RLlib's Atari frames: ``u8 / 128 - 1``; or ``u8 * float32(1/255)``; frames
+            divided by 255 in float32 round differently and stay float32) as uint8 plus the
             scale, checked on every chunk in the env runner, which then sends the uint8
             codes (a quarter of the bytes through Ray's object store); a chunk that is not
             exact is sent as float32 and turns the column back into float32. ``False``

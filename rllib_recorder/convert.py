@@ -234,15 +234,27 @@ def decode_codes(codes: np.ndarray, scale: float, offset: float) -> np.ndarray:
     return out
 
 
-def image_grid(values: np.ndarray) -> tuple[np.float32, np.float32] | None:
-    """The (scale, offset) of ``IMAGE_ENCODINGS`` on which the first row of a float32 image column (3 or more
-    dims) lies exactly, if any: the one grid worth checking the whole column against."""
+def encode_image(values: np.ndarray) -> tuple[np.ndarray, tuple[np.float32, np.float32]] | None:
+    """(uint8 codes, (scale, offset)) of a float32 image column (3 or more dims) that lies exactly on one of
+    ``IMAGE_ENCODINGS``, else None.
+
+    Grids are tried in order, each only if the first row lies on it; a row of zeros lies on both (black in
+    ``u8 / 255``, code 128 in ``u8 / 128 - 1``), so a column is checked whole against each such grid.
+    """
     if values.dtype != np.float32 or values.ndim < 3 or not len(values):
         return None
     for scale, offset in IMAGE_ENCODINGS:
         if encode_uint8(values[:1], scale, offset) is not None:
-            return scale, offset
+            codes = encode_uint8(values, scale, offset)
+            if codes is not None:
+                return codes, (scale, offset)
     return None
+
+
+def image_grid(values: np.ndarray) -> tuple[np.float32, np.float32] | None:
+    """The (scale, offset) of ``IMAGE_ENCODINGS`` on which every value of a float32 image column lies, if any."""
+    encoded = encode_image(values)
+    return None if encoded is None else encoded[1]
 
 
 def encode_images(chunk: Chunk) -> Chunk:
@@ -264,10 +276,10 @@ def encode_stream(stream: Stream) -> Stream:
     for table, columns in (("steps", stream.steps), ("fragments", stream.fragments)):
         out = dict(columns)
         for path, values in columns.items():
-            grid = None if f"{table}/{path}" in encoded else image_grid(values)
-            codes = encode_uint8(values, *grid) if grid is not None else None
-            if codes is not None:
-                out[path], encoded[f"{table}/{path}"] = codes, (float(grid[0]), float(grid[1]))
+            found = None if f"{table}/{path}" in encoded else encode_image(values)
+            if found is not None:
+                (codes, (scale, offset)), key = found, f"{table}/{path}"
+                out[path], encoded[key] = codes, (float(scale), float(offset))
         tables[table] = out
     return Stream(tables["steps"], tables["fragments"], dict(stream.containers), encoded)
 

@@ -145,6 +145,21 @@ def test_merging_encoded_and_float_samples_decodes_only_the_columns_they_disagre
     assert again.steps["obs"].dtype == np.float32 and "steps/obs" not in again.encoded
 
 
+def test_a_black_first_frame_does_not_hide_the_grid_the_rest_of_the_frames_lie_on():
+    from rllib_recorder.convert import image_grid
+
+    codes = np.random.default_rng(7).integers(0, 256, size=(4, 5, 5, 1))
+    codes[0] = 0  # black in u8 * (1/255) is 0.0, which is also code 128 of u8 / 128 - 1
+    episode, frames = image_episode(codes, "black", scale=255.0, offset=0.0)
+    # the grid is code * float32(1/255); float32 division by 255 rounds 126 of the 256 values differently
+    frames[:] = codes.astype(np.float32) * np.float32(1 / 255)
+    episode.get_observations()[:] = frames
+    stream = episodes_to_chunk([episode], ConvertOptions(encode_images=True)).streams["default_agent"]
+    assert stream.encoded["steps/obs"] == (np.float32(1 / 255), 0.0)
+    assert np.array_equal(stream.steps["obs"], codes[:-1]) and stream.steps["obs"].dtype == np.uint8
+    assert image_grid(frames[:1]) == (np.float32(1 / 128), np.float32(-1.0))  # alone, the zeros fit the first grid
+
+
 def test_text_observations_become_utf8_bytes():
     episode = SingleAgentEpisode(observations=["a", "bé"], actions=[0], rewards=[0.0], len_lookback_buffer=0)
     stream = episodes_to_chunk([episode]).streams["default_agent"]
