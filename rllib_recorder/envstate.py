@@ -7,6 +7,7 @@ import json
 import struct
 import zlib
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,10 @@ KIND_CLASSIC = "classic_control/1"
 KIND_ALE = "ale/1"
 # Wrapper attributes that shape later observations (gymnasium's TimeLimit, RLlib's Atari wrappers).
 WRAPPER_ATTRS = ("frames", "lives", "was_real_terminated", "_obs_buffer", "_elapsed_steps")
+# Wrapper attributes a full env step overwrites before reading them (RLlib's MaxAndSkipEnv max-pools the last two
+# raw frames of each step into ``_obs_buffer``): they shape an observation only if the episode's first step ends
+# it part-way through the skipped frames, so they are stored only for such episodes (``Captured.pack``).
+FIRST_STEP_ONLY_ATTRS = ("_obs_buffer",)
 # Attributes of a classic-control env besides its ``state`` array.
 CLASSIC_ATTRS = ("steps_beyond_terminated",)
 # The state blob (docs/FORMAT.md): MAGIC, a flags byte (1: payload zlib-compressed), the header's length
@@ -48,8 +53,39 @@ def unsupported_reason(env: Any) -> str | None:
             "only such envs can be restored")
 
 
+@dataclass(frozen=True)
+class Captured:
+    """An env's state as captured at episode start, not yet packed (packing compresses: done once, later)."""
+
+    kind: str
+    arrays: dict[str, np.ndarray]
+    meta: dict[str, Any]
+
+    def pack(self, first_step_ended: bool = True) -> bytes:
+        """The state blob; ``FIRST_STEP_ONLY_ATTRS`` only if the episode's first step ended it."""
+        if first_step_ended:
+            return pack(self.arrays, self.meta)
+        layers, dropped = [], set()
+        for name, attrs in self.meta["layers"]:
+            kept = {a: ref for a, ref in attrs.items() if a not in FIRST_STEP_ONLY_ATTRS}
+            dropped.update(_array_keys(ref) for a, ref in attrs.items() if a in FIRST_STEP_ONLY_ATTRS)
+            if kept:
+                layers.append([name, kept])
+        arrays = {k: v for k, v in self.arrays.items() if k not in dropped}
+        return pack(arrays, {**self.meta, "layers": layers})
+
+    def __deepcopy__(self, memo: dict) -> "Captured":
+        return self  # never changed after capture; RLlib deep-copies custom_data whenever it cuts an episode
+
+
 def capture(env: Any) -> tuple[str, bytes] | None:
     """(kind, state bytes) of ``env`` as it is now, or None if the env is not supported."""
+    captured = capture_state(env)
+    return None if captured is None else (captured.kind, captured.pack())
+
+
+def capture_state(env: Any) -> Captured | None:
+    """``env``'s state as it is now (arrays copied, nothing packed yet), or None if the env is not supported."""
     if unsupported_reason(env) is not None:
         return None
     base = env.unwrapped
@@ -69,7 +105,7 @@ def capture(env: Any) -> tuple[str, bytes] | None:
         kind = KIND_CLASSIC
         arrays["state"] = np.array(base.state)
         meta["attrs"] = {n: _put(arrays, f"base.{n}", getattr(base, n)) for n in CLASSIC_ATTRS if hasattr(base, n)}
-    return kind, pack(arrays, meta)
+    return Captured(kind, arrays, meta)
 
 
 def pack(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> bytes:
@@ -167,11 +203,16 @@ def _put(arrays: dict[str, np.ndarray], key: str, value: Any) -> Any:
         arrays[key] = np.stack(list(value)) if len(value) else np.zeros(0)
         return {"deque": key, "maxlen": value.maxlen}
     if isinstance(value, np.ndarray):
-        arrays[key] = value
+        arrays[key] = value.copy()  # wrappers update their buffers in place
         return {"array": key}
     if isinstance(value, np.generic):
         return value.item()
     return value
+
+
+def _array_keys(ref: Any) -> str | None:
+    """The ``arrays`` key a ``_put`` reference names (None for an inline value)."""
+    return ref.get("deque", ref.get("array")) if isinstance(ref, dict) else None
 
 
 def _get(arrays: dict[str, np.ndarray], ref: Any, current: Any) -> Any:

@@ -60,12 +60,12 @@ def keep_start_state(episode: Any, vector_env: Any, env_index: int, env_runner: 
     Nothing when it can't be captured, or when ``env_runner`` does not record it (an evaluation
     runner with ``record_evaluation=False``, or ``record_start_states=False``).
     """
-    from rllib_recorder.envstate import capture, sub_env
+    from rllib_recorder.envstate import capture_state, sub_env
 
     if env_runner is not None and not recorder_for(env_runner).records_start_states:
         return
     env = sub_env(vector_env, env_index)
-    captured = capture(env) if env is not None else None
+    captured = capture_state(env) if env is not None else None  # packed at conversion
     if captured is not None:
         episode.custom_data[START_STATE_KEY] = captured
 

@@ -115,3 +115,40 @@ def test_start_state_is_not_captured_on_a_runner_that_does_not_record():
     unbound = Runner(2, False)
     keep_start_state(episode, vector_env, 0, unbound)  # not bound yet: captured (held until bound)
     assert set(episode.custom_data) == {"rllib_recorder.start_state"}
+
+
+def _stored_layer_attrs(blob: bytes) -> set[str]:
+    return {attr for _, attrs in envstate.unpack(blob)[1]["layers"] for attr in attrs}
+
+
+def test_frames_max_pooled_by_every_full_step_are_left_out_unless_the_first_step_ended_the_episode():
+    import copy
+
+    from rllib_recorder.convert import START_STATE_KEY, episodes_to_chunk
+    from tests.helpers import make_episode
+
+    env = make_atari_env("ALE/Breakout-v5", 84, 4, {})
+    env.reset(seed=4)
+    env.step(1)
+    captured = envstate.capture_state(env)
+    assert copy.deepcopy(captured) is captured  # RLlib deep-copies custom_data on every cut: no copy of the frames
+    actions = [int(a) for a in np.random.default_rng(1).integers(0, env.action_space.n, 40)]
+    expected = rollout(env, actions)
+    short = captured.pack(first_step_ended=False)
+    assert "_obs_buffer" not in _stored_layer_attrs(short) and "_obs_buffer" in _stored_layer_attrs(captured.pack())
+    assert len(short) < len(captured.pack()) and "frames" in _stored_layer_attrs(short)
+    fresh = make_atari_env("ALE/Breakout-v5", 84, 4, {})
+    fresh.reset(seed=999)
+    envstate.restore(fresh, envstate.KIND_ALE, short)
+    got = rollout(fresh, actions)
+    assert len(got) == len(expected) > 1
+    for (obs_e, *rest_e), (obs_g, *rest_g) in zip(expected, got):  # the first step is a full one: same future
+        np.testing.assert_array_equal(obs_g, obs_e)
+        assert rest_g == rest_e
+    # Conversion packs it: the whole state only for an episode whose first step was its last.
+    for n, terminated, with_buffer in ((3, False, False), (1, False, False), (1, True, True)):
+        episode = make_episode(n, terminated=terminated)
+        episode.custom_data[START_STATE_KEY] = captured
+        stream = episodes_to_chunk([episode]).streams["default_agent"]
+        assert stream.fragments["start_state_kind"][0] == envstate.KIND_ALE
+        assert ("_obs_buffer" in _stored_layer_attrs(stream.fragments["start_state"][0].tobytes())) == with_buffer
