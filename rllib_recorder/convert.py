@@ -276,9 +276,10 @@ def encode_stream(stream: Stream) -> Stream:
     for table, columns in (("steps", stream.steps), ("fragments", stream.fragments)):
         out = dict(columns)
         for path, values in columns.items():
-            found = None if f"{table}/{path}" in encoded else encode_image(values)
+            key = f"{table}/{path}"
+            found = None if key in encoded else encode_image(values)
             if found is not None:
-                (codes, (scale, offset)), key = found, f"{table}/{path}"
+                codes, (scale, offset) = found
                 out[path], encoded[key] = codes, (float(scale), float(offset))
         tables[table] = out
     return Stream(tables["steps"], tables["fragments"], dict(stream.containers), encoded)
