@@ -395,10 +395,10 @@ def _single_episode_stream(episode: Any, eps_id: str, module_id: Any, options: C
 def _start_state_columns(episode: Any) -> dict[str, np.ndarray]:
     """The start state kept by on_episode_start, stored with the episode's first fragment only."""
     captured = getattr(episode, "custom_data", {}).get(START_STATE_KEY) if episode.t_started == 0 else None
-    if hasattr(captured, "pack"):  # envstate.Captured: packed now that the first step's outcome is known
+    kind, blob = "", b""
+    if captured is not None:  # envstate.Captured: packed now that the first step's outcome is known
         first_step_ended = len(episode) == 1 and bool(episode.is_terminated or episode.is_truncated)
-        captured = (captured.kind, captured.pack(first_step_ended))
-    kind, blob = captured if captured else ("", b"")
+        kind, blob = captured.kind, captured.pack(first_step_ended)
     state = np.empty(1, dtype=object)
     state[0] = np.frombuffer(blob, dtype=np.uint8)
     return {"start_state": state, "start_state_kind": np.array([kind], dtype=object)}

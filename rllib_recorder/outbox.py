@@ -85,8 +85,8 @@ class Outbox:
         sender_id: bytes | None = None, encode: bool = False,
     ) -> None:
         self.transport = transport
-        # send exact-uint8 float32 images as uint8 codes (convert.encode_images); the runner's conversion has
-        # normally encoded each episode already, this catches columns coalescing left (or made) float32
+        # send exact-uint8 float32 images as uint8 codes (convert.encode_images); a bound runner's conversion has
+        # encoded each episode already (those columns are skipped), this encodes what was converted before binding
         self.encode = encode
         self.window = window
         self.policy = policy
