@@ -35,7 +35,7 @@ class RecorderConfig:
         coalesce_bytes: ... or once the held arrays reach this many bytes (images).
         compression: HDF5 filter for step columns: ``gzip``, ``lzf`` or ``none``.
         compression_level: gzip level, 0-9.
-        hdf5_chunk_bytes: Target size of one HDF5 chunk of a column (at most 4096 rows).
+        hdf5_chunk_bytes: Target size of one HDF5 chunk of a column (at most 1024 rows).
         encode_uint8: Store float32 image columns that hold exact uint8 values scaled
             (RLlib's Atari frames: ``u8 / 128 - 1``; or ``u8 * float32(1/255)``; frames
             divided by 255 in float32 round differently and stay float32) as uint8 plus the

@@ -99,7 +99,10 @@ ENCODING_ATTRS = {
     "scale": "float32 value = code * scale + offset",
     "offset": "see scale",
 }
-MAX_CHUNK_ROWS = 4096
+# Rows per chunk of a column of small rows. Every append recompresses each column's partial last chunk, so
+# this bounds the work an append does beyond its own rows: 4096 cost 6.6 ms per 600-row CartPole append,
+# 1024 3.8 ms, for 3% more bytes (docs/BENCHMARKS.md, 'Writer: cost of one append').
+MAX_CHUNK_ROWS = 1024
 # HDF5 chunk cache of each column of a file open for appending. The writer keeps its columns
 # open, so only the partial last chunk of each needs to stay cached (a chunk is at most
 # hdf5_chunk_bytes, 64 KiB by default); HDF5's default, 1 MiB per column, would let a file of
@@ -404,6 +407,7 @@ class OpenColumns:
     def __init__(self, h5: h5py.File) -> None:
         self.h5 = h5
         self._groups: dict[str, h5py.Group] = {}
+        self._names: dict[int, str] = {}  # id(group) -> its name (h5py looks a name up on every access)
         self._columns: dict[str, _Column] = {}
         # (stream group, column, container kind) already marked on the file
         self.containers_marked: set[tuple[str, str, str]] = set()
@@ -413,11 +417,16 @@ class OpenColumns:
         group = self._groups.get(name)
         if group is None:
             group = self._groups[name] = self.h5.require_group(name)
+            self._names[id(group)] = group.name
         return group
+
+    def _key(self, group: h5py.Group, path: str) -> str:
+        name = self._names.get(id(group))
+        return f"{group.name if name is None else name}/{path}"
 
     def column(self, group: h5py.Group, path: str) -> "_Column | None":
         """The column ``path`` of ``group``, or None if the file has none yet."""
-        key = f"{group.name}/{path}"
+        key = self._key(group, path)
         column = self._columns.get(key)
         if column is None and path in group:
             column = self._columns[key] = _Column.of(group[path])
@@ -425,11 +434,12 @@ class OpenColumns:
 
     def forget(self, group: h5py.Group, path: str) -> None:
         """Drops a column whose dataset was replaced."""
-        self._columns.pop(f"{group.name}/{path}", None)
+        self._columns.pop(self._key(group, path), None)
 
     def clear(self) -> None:
         """Drops every held dataset and group (before the file is closed)."""
         self._groups.clear()
+        self._names.clear()
         self._columns.clear()
         self.containers_marked.clear()
 

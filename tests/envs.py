@@ -51,6 +51,7 @@ class CountingEnv(gym.Env):
         if self.kind.startswith("image"):
             image = np.zeros((10, 10, 3), self.observation_space.dtype)
             image[..., 0], image[..., 1], image[..., 2] = self.worker_index, self.episode % 256, self.t
+            image[0, 1, 1] = self.episode // 256 % 256  # so that episode 256 is not read as episode 0
             return image
         if self.kind == "dict":
             return {"ids": np.array([self.worker_index, self.episode], np.float32),
@@ -61,7 +62,9 @@ class CountingEnv(gym.Env):
 def decode(obs, kind: str) -> np.ndarray:
     """(worker, episode, t) rows of a stored observation column of any kind."""
     if kind.startswith("image"):
-        return obs[:, 0, 0, :].astype(np.int64)
+        ids = obs[:, 0, 0, :].astype(np.int64)
+        ids[:, 1] += 256 * obs[:, 0, 1, 1].astype(np.int64)
+        return ids
     if kind == "dict" and isinstance(obs, dict):
         return np.column_stack([obs["ids"][:, 0], obs["ids"][:, 1], obs["clock"][0]]).astype(np.int64)
     if kind == "dict":  # flattened by RLlib's FlattenObservations: one-hot(1000) t, Box(1), ids(2)
