@@ -70,10 +70,14 @@ class Chunk:
     @property
     def nbytes(self) -> int:
         """Bytes of the sampled arrays (encoded columns counted as the float32 they stand for)."""
-        return sum(
-            a.nbytes * (4 if f"{table}/{path}" in s.encoded else 1) for s in self.streams.values()
-            for table, cols in (("steps", s.steps), ("fragments", s.fragments)) for path, a in cols.items()
-        )
+        total = 0
+        for s in self.streams.values():
+            for table, cols in (("steps", s.steps), ("fragments", s.fragments)):
+                if s.encoded:
+                    total += sum(a.nbytes * (4 if f"{table}/{path}" in s.encoded else 1) for path, a in cols.items())
+                else:  # checked once per sample: no key to build per column
+                    total += sum(a.nbytes for a in cols.values())
+        return total
 
     def __repr__(self) -> str:
         return (
@@ -271,6 +275,9 @@ def encode_stream(stream: Stream) -> Stream:
     outbox's window, and the writer need not check the frames. A column that is not exact stays float32 (the
     writer then checks it, and falls back as before). Lossless either way.
     """
+    if not any(v.dtype == np.float32 and v.ndim >= 3 for cols in (stream.steps, stream.fragments)
+               for v in cols.values()):
+        return stream  # no image column (checked once per episode: most envs have none)
     encoded = dict(stream.encoded)
     tables = {}
     for table, columns in (("steps", stream.steps), ("fragments", stream.fragments)):
@@ -291,6 +298,8 @@ def flatten_value(prefix: str, value: Any, containers: dict[str, str]) -> dict[s
     Dict keys and tuple positions become path components; ``containers`` records
     which paths are dicts and which are tuples.
     """
+    if type(value) is np.ndarray and value.dtype.kind not in "UO":  # the common case, without ABC checks
+        return {prefix: value}
     if isinstance(value, Mapping):
         containers[prefix] = "dict"
         out: dict[str, np.ndarray] = {}
@@ -377,7 +386,7 @@ def _single_episode_stream(episode: Any, eps_id: str, module_id: Any, options: C
     fragments = _fragment_columns(
         eps_id=[eps_id], num_rows=[n], t_start=[episode.t_started],
         terminated=[episode.is_terminated], truncated=[episode.is_truncated],
-        ret=[float(np.sum(steps["rewards"]))], module_id=[module_id], has_last_obs=[has_last],
+        ret=[float(steps["rewards"].sum())], module_id=[module_id], has_last_obs=[has_last],
     )
     for path, column in obs_cols.items():
         last = column[n:n + 1] if has_last else np.zeros((1,) + column.shape[1:], column.dtype)

@@ -251,4 +251,10 @@ class Outbox:
 
 
 def _versions(chunk: Chunk) -> tuple[int, ...]:
+    """The distinct behaviour-policy versions in ``chunk``, ascending."""
+    parts = [s.steps["weights_seq_no"] for s in chunk.streams.values() if len(s.steps.get("weights_seq_no", ()))]
+    if len(parts) == 1:  # one agent (every single-agent sample): usually one version, no sort needed
+        lo, hi = int(parts[0].min()), int(parts[0].max())
+        if lo == hi:
+            return (lo,)
     return tuple(np.unique(chunk.policy_versions).tolist())

@@ -134,7 +134,7 @@ def dir_bytes(path: str) -> int:
 
 
 def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work: str,
-              build_order: tuple[str, ...] = VARIANTS, warmup: float = 3.0) -> dict[str, Any]:
+              build_order: tuple[str, ...] = VARIANTS, warmup: float = 3.0, settle: float = 1.0) -> dict[str, Any]:
     algos = {}
     for variant in build_order:
         algos[variant] = build(env, runners, mode, variant, os.path.join(work, f"{env}-{runners}-{mode}-{variant}"))
@@ -155,6 +155,9 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
         order = VARIANTS[rep % len(VARIANTS):] + VARIANTS[:rep % len(VARIANTS)]
         rep_tp, rep_cpu = {}, {}
         for variant in order:
+            # whatever the previous block left running (RLlib's Ray Data writes, the OS writing files back) ends
+            # before this block starts, so that it is not charged to the next variant
+            time.sleep(settle)
             group = algos[variant].env_runner_group
             before = group.foreach_env_runner(recorder_state, local_env_runner=False) if variant == "recorder" else None
             wcpu = writers_cpu(group) if variant == "recorder" else {}
@@ -259,6 +262,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=None, help="timed block (default: cartpole 6, breakout 12)")
     parser.add_argument("--warmup", type=float, default=3.0,
                         help="untimed sampling per variant before the first block (covers the first hand-off)")
+    parser.add_argument("--settle", type=float, default=1.0, help="idle seconds before each timed block")
     parser.add_argument("--build-order", nargs=3, default=list(VARIANTS), choices=VARIANTS,
                         help="order in which the variants' algorithms are built (timing order rotates anyway)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/BENCHMARKS.md alone")
@@ -276,7 +280,7 @@ def main() -> None:
                     seconds = args.seconds or (6.0 if env == "cartpole" else 12.0)
                     print(f"{env}, {runners} runners, {mode}, {args.reps} x {seconds:.0f} s per variant", flush=True)
                     rows.append(bench_row(env, runners, mode, args.reps, seconds, work, tuple(args.build_order),
-                                          args.warmup))
+                                          args.warmup, args.settle))
     finally:
         ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)

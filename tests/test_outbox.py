@@ -76,6 +76,20 @@ def test_small_samples_are_coalesced_until_enough_rows():
     assert transport.sent == [(0, 6)]
 
 
+def test_samples_of_another_policy_version_are_never_coalesced_with_those_held():
+    outbox, transport, _ = make(dict(auto_ack=True), coalesce_rows=1000, coalesce_s=60)
+    sent = []
+    send = transport.send
+    transport.send = lambda sender, seq, c, stats: sent.append(c.policy_versions.tolist()) or send(sender, seq, c, stats)
+    mixed = episodes_to_chunk([make_episode(2, version=4), make_episode(1, version=5)])
+    for c in (episodes_to_chunk([make_episode(2, version=3)]), episodes_to_chunk([make_episode(1, version=3)]),
+              episodes_to_chunk([make_episode(2, version=4)]), mixed, mixed,
+              episodes_to_chunk([make_episode(1, version=5)])):
+        outbox.add(c)
+    outbox.flush()
+    assert sent == [[3, 3, 3], [4, 4], [4, 4, 5, 4, 4, 5], [5]]
+
+
 def test_held_rows_are_sent_once_old_enough():
     outbox, transport, clock = make(dict(auto_ack=True), coalesce_rows=1000, coalesce_s=1.0)
     outbox.add(chunk())

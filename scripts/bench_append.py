@@ -1,0 +1,98 @@
+"""Writer CPU per append against the append's size and the chunk-row limit of small columns, same run.
+
+Every append recompresses the partial last HDF5 chunk of each of a file's ~35 columns, so a column of small rows
+(CartPole's obs, rewards, t, ...) costs work in proportion to its chunk, not to the rows appended: this is what
+``schema.MAX_CHUNK_ROWS`` bounds. Data: real CartPole-v1 vectors in 25-step episodes with an action_logp column,
+appended through ``RecordingWriter.append`` (every column, indexes, commit, flushes) in this process; CPU time of
+this process per append. 600 rows is what one of 4 env runners hands over per 2 s (coalesce_s) here, 2400 one
+runner alone. Variants interleaved per repetition.
+
+    python scripts/bench_append.py                  # writes its section of docs/BENCHMARKS.md
+    python scripts/bench_append.py --reps 1 --steps 20000 --no-write
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import benchdoc  # noqa: E402
+
+
+def run(work: str, chunks: list, max_chunk_rows: int) -> tuple[float, int]:
+    """(CPU seconds of every append after the first, file bytes) writing ``chunks`` with this chunk-row limit."""
+    from rllib_recorder import schema
+    from rllib_recorder.writer import RecordingWriter
+
+    saved, schema.MAX_CHUNK_ROWS = schema.MAX_CHUNK_ROWS, max_chunk_rows
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    try:
+        writer = RecordingWriter(work, "bench", schema.StorageOptions())
+        writer.append(1, False, b"b" * 32, 0, chunks[0])  # creates the columns
+        start = time.process_time()
+        for seq, chunk in enumerate(chunks[1:], 1):
+            writer.append(1, False, b"b" * 32, seq, chunk)
+        cpu = time.process_time() - start
+        writer.close()
+    finally:
+        schema.MAX_CHUNK_ROWS = saved
+    return cpu, sum(os.path.getsize(os.path.join(work, f)) for f in os.listdir(work))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=60_000, help="CartPole steps per variant")
+    parser.add_argument("--rows", type=int, nargs="+", default=[300, 600, 2400], help="rows per append")
+    parser.add_argument("--limits", type=int, nargs="+", default=[4096, 1024, 512], help="MAX_CHUNK_ROWS values")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+
+    import gymnasium as gym
+
+    from bench_writer import chunks_of, episodes_from_env
+    from rllib_recorder import schema
+
+    episodes = episodes_from_env(lambda: gym.make("CartPole-v1"), args.steps, 25)
+    data = {rows: chunks_of(episodes, rows) for rows in args.rows}
+    work = tempfile.mkdtemp(prefix="bench_append_")
+    cpu: dict[tuple[int, int], list[float]] = {}
+    size: dict[tuple[int, int], int] = {}
+    try:
+        for rep in range(args.reps):
+            for rows, chunks in data.items():
+                for limit in args.limits:
+                    seconds, size[rows, limit] = run(os.path.join(work, "w"), chunks, limit)
+                    cpu.setdefault((rows, limit), []).append(1000 * seconds / (len(chunks) - 1))
+                print(f"rep {rep}, {rows} rows/append: " + ", ".join(
+                    f"limit {limit} {cpu[rows, limit][-1]:.2f} ms" for limit in args.limits), flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    lines = ["| rows per append | chunk-row limit | writer CPU ms per append | us per step | bytes per step on disk |",
+             "|---|---|---|---|---|"]
+    for (rows, limit), values in cpu.items():
+        default = " (default)" if limit == schema.MAX_CHUNK_ROWS else ""
+        lines.append(f"| {rows} | {limit}{default} | {benchdoc.cell(values, '{:.2f}')} "
+                     f"| {benchdoc.cell([1000 * v / rows for v in values], '{:.2f}')} "
+                     f"| {size[rows, limit] / args.steps:.1f} |")
+    table = "\n".join(lines)
+    print(table)
+    if not args.no_write:
+        benchdoc.write_section("Writer: cost of one append (scripts/bench_append.py)", table + f"""
+
+{args.steps} CartPole steps per variant, {args.reps} repetitions, median (min) of the CPU time per append (the first
+append, which creates the columns, not counted). Bytes per step: the whole file after closing (all columns,
+indexes; compaction included).
+""")
+
+
+if __name__ == "__main__":
+    main()
