@@ -100,8 +100,8 @@ ENCODING_ATTRS = {
     "offset": "see scale",
 }
 # Rows per chunk of a column of small rows. Every append recompresses each column's partial last chunk, so
-# this bounds the work an append does beyond its own rows: 4096 cost 6.6 ms per 600-row CartPole append,
-# 1024 3.8 ms, for 3% more bytes (docs/BENCHMARKS.md, 'Writer: cost of one append').
+# this bounds the work an append does beyond its own rows: 4096 cost 7.7 ms of writer CPU per 600-row CartPole
+# append, 1024 4.9 ms, for 3% more bytes (docs/BENCHMARKS.md, 'Writer: cost of one append').
 MAX_CHUNK_ROWS = 1024
 # HDF5 chunk cache of each column of a file open for appending. The writer keeps its columns
 # open, so only the partial last chunk of each needs to stay cached (a chunk is at most
