@@ -34,6 +34,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchdoc  # noqa: E402
 
 VARIANTS = ("none", "recorder", "rllib")
+# --control adds a second plain config, timed like the others: its ratio to "none" is what the machine's noise
+# alone gives an A/A comparison (the same config against itself), the floor any ratio here is read against.
+CONTROL = "control"
 FRAGMENT = {"cartpole": 500, "breakout": 200}
 ENV_IDS = {"cartpole": "CartPole-v1", "breakout": "ale_py:ALE/Breakout-v5"}
 
@@ -134,9 +137,11 @@ def dir_bytes(path: str) -> int:
 
 
 def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work: str,
-              build_order: tuple[str, ...] = VARIANTS, warmup: float = 3.0, settle: float = 1.0) -> dict[str, Any]:
+              build_order: tuple[str, ...] = VARIANTS, warmup: float = 3.0, settle: float = 1.0,
+              control: bool = False) -> dict[str, Any]:
+    variants = VARIANTS + ((CONTROL,) if control else ())
     algos = {}
-    for variant in build_order:
+    for variant in tuple(build_order) + ((CONTROL,) if control else ()):
         algos[variant] = build(env, runners, mode, variant, os.path.join(work, f"{env}-{runners}-{mode}-{variant}"))
     steps_total = defaultdict(int)
     # Warm up: env creation, first forward passes and, for the recorder, its first hand-off (held up to
@@ -152,7 +157,7 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
     writer_share: list[float] = []
     waits, drains, rss = [], [], []
     for rep in range(reps):
-        order = VARIANTS[rep % len(VARIANTS):] + VARIANTS[:rep % len(VARIANTS)]
+        order = variants[rep % len(variants):] + variants[:rep % len(variants)]
         rep_tp, rep_cpu = {}, {}
         for variant in order:
             # whatever the previous block left running (RLlib's Ray Data writes, the OS writing files back) ends
@@ -180,13 +185,13 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
                 samples = sum(a["samples"] - b["samples"] for a, b in zip(after, before))
                 waits.append(1000 * sum(a["wait_s"] - b["wait_s"] for a, b in zip(after, before)) / max(1, samples))
                 rss.append(max(a["rss"] for a in after))
-        for variant in VARIANTS:
+        for variant in variants:
             throughput[variant].append(rep_tp[variant])
             ratio[variant].append(rep_tp[variant] / rep_tp["none"])
             cpu_ratio[variant].append(rep_cpu["none"] / rep_cpu[variant])
         print(f"  rep {rep}: " + ", ".join(f"{v} {rep_tp[v]:.0f} steps/s ({rep_tp[v] / rep_tp['none']:.3f}; "
                                           f"CPU {rep_cpu[v]:.2f} s/1k steps, {rep_cpu['none'] / rep_cpu[v]:.3f})"
-                                          for v in VARIANTS) + f"; writer {100 * writer_share[-1]:.1f}% of the CPU",
+                                          for v in variants) + f"; writer {100 * writer_share[-1]:.1f}% of the CPU",
               flush=True)
     disk = {}
     for algo in algos.values():
@@ -210,17 +215,20 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
 
 
 def table(rows: list[dict[str, Any]]) -> str:
+    control = any(CONTROL in r["ratio"] for r in rows)
     lines = [
-        "| env | runners | batch mode | none steps/s | recorder ratio | rllib ratio | recorder CPU ratio "
+        "| env | runners | batch mode | none steps/s | recorder ratio | rllib ratio "
+        + ("| control ratio (A/A) " if control else "") + "| recorder CPU ratio "
         "| rllib CPU ratio | writer % of CPU | recorder wait ms/sample "
         "| drain s | bytes/step recorder | bytes/step rllib | raw bytes/step | compression | runner RSS MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if control else ""),
     ]
     for r in rows:
         disk = r["disk_per_step"]
+        ctl = (f"| {benchdoc.cell(r['ratio'][CONTROL]) if CONTROL in r['ratio'] else ''} " if control else "")
         lines.append(
             f"| {r['env']} | {r['runners']} | {r['mode']} | {benchdoc.cell(r['throughput']['none'], '{:.0f}')} "
-            f"| {benchdoc.cell(r['ratio']['recorder'])} | {benchdoc.cell(r['ratio']['rllib'])} "
+            f"| {benchdoc.cell(r['ratio']['recorder'])} | {benchdoc.cell(r['ratio']['rllib'])} {ctl}"
             f"| {benchdoc.cell(r['cpu_ratio']['recorder'])} | {benchdoc.cell(r['cpu_ratio']['rllib'])} "
             f"| {benchdoc.cell([100 * w for w in r['writer_share']], '{:.1f}')} "
             f"| {benchdoc.cell(r['wait_ms'], '{:.2f}')} | {max(r['drain_s']):.2f} "
@@ -262,6 +270,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=None, help="timed block (default: cartpole 6, breakout 12)")
     parser.add_argument("--warmup", type=float, default=3.0,
                         help="untimed sampling per variant before the first block (covers the first hand-off)")
+    parser.add_argument("--control", action="store_true",
+                        help="also time a second plain config (A/A: the noise floor of the ratios)")
     parser.add_argument("--settle", type=float, default=1.0, help="idle seconds before each timed block")
     parser.add_argument("--build-order", nargs=3, default=list(VARIANTS), choices=VARIANTS,
                         help="order in which the variants' algorithms are built (timing order rotates anyway)")
@@ -270,7 +280,11 @@ def main() -> None:
 
     import ray
 
-    ray.init(address="local", num_cpus=3 * max(args.runners or [4]) + 1, include_dashboard=False, log_to_driver=False)
+    # a CPU for every env runner of every variant (each reserves one, built side by side) and one for RLlib's
+    # Ray Data writes: with fewer, the rllib variant's write waits forever for a CPU the idle runners hold
+    variants = len(VARIANTS) + int(args.control)
+    ray.init(address="local", num_cpus=variants * max(args.runners or [4]) + 1, include_dashboard=False,
+             log_to_driver=False)
     work = tempfile.mkdtemp(prefix="bench_overhead_")
     rows = []
     try:
@@ -280,7 +294,7 @@ def main() -> None:
                     seconds = args.seconds or (6.0 if env == "cartpole" else 12.0)
                     print(f"{env}, {runners} runners, {mode}, {args.reps} x {seconds:.0f} s per variant", flush=True)
                     rows.append(bench_row(env, runners, mode, args.reps, seconds, work, tuple(args.build_order),
-                                          args.warmup, args.settle))
+                                          args.warmup, args.settle, args.control))
     finally:
         ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)
@@ -294,7 +308,7 @@ def main() -> None:
         benchdoc.write_section("Sampling overhead (scripts/bench_overhead.py)", table(rows) + f"""
 
 Ratios: env-runner sampling throughput (env steps/s, learner excluded) over no recording, same repetition.
-CPU ratios: CPU seconds per env step of no recording over the variant's, same repetition, counting the env
+{"Control ratio (A/A, `--control`): a second config without recording, timed like the others, over no recording: what noise alone gives." + chr(10) if args.control else ""}CPU ratios: CPU seconds per env step of no recording over the variant's, same repetition, counting the env
 runners' processes and, for the recorder, its writer actors' (`writer % of CPU`: their share): the throughput
 ratio a CPU-bound machine would see, from CPU time instead of wall time (on this machine it is about as noisy:
 the CPU time one step takes varies too).
