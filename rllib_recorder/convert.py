@@ -70,14 +70,10 @@ class Chunk:
     @property
     def nbytes(self) -> int:
         """Bytes of the sampled arrays (encoded columns counted as the float32 they stand for)."""
-        total = 0
-        for s in self.streams.values():
-            for table, cols in (("steps", s.steps), ("fragments", s.fragments)):
-                if s.encoded:
-                    total += sum(a.nbytes * (4 if f"{table}/{path}" in s.encoded else 1) for path, a in cols.items())
-                else:  # checked once per sample: no key to build per column
-                    total += sum(a.nbytes for a in cols.values())
-        return total
+        return sum(  # a column's key is built only for a stream that has encoded columns (most have none)
+            a.nbytes * (4 if s.encoded and f"{table}/{path}" in s.encoded else 1) for s in self.streams.values()
+            for table, cols in (("steps", s.steps), ("fragments", s.fragments)) for path, a in cols.items()
+        )
 
     def __repr__(self) -> str:
         return (
@@ -245,7 +241,7 @@ def encode_image(values: np.ndarray) -> tuple[np.ndarray, tuple[np.float32, np.f
     Grids are tried in order, each only if the first row lies on it; a row of zeros lies on both (black in
     ``u8 / 255``, code 128 in ``u8 / 128 - 1``), so a column is checked whole against each such grid.
     """
-    if values.dtype != np.float32 or values.ndim < 3 or not len(values):
+    if not _image_like(values) or not len(values):
         return None
     for scale, offset in IMAGE_ENCODINGS:
         if encode_uint8(values[:1], scale, offset) is not None:
@@ -253,6 +249,11 @@ def encode_image(values: np.ndarray) -> tuple[np.ndarray, tuple[np.float32, np.f
             if codes is not None:
                 return codes, (scale, offset)
     return None
+
+
+def _image_like(values: np.ndarray) -> bool:
+    """A float32 column of 3 or more dims: the only kind ``encode_image`` may store as uint8."""
+    return values.dtype == np.float32 and values.ndim >= 3
 
 
 def image_grid(values: np.ndarray) -> tuple[np.float32, np.float32] | None:
@@ -275,8 +276,7 @@ def encode_stream(stream: Stream) -> Stream:
     outbox's window, and the writer need not check the frames. A column that is not exact stays float32 (the
     writer then checks it, and falls back as before). Lossless either way.
     """
-    if not any(v.dtype == np.float32 and v.ndim >= 3 for cols in (stream.steps, stream.fragments)
-               for v in cols.values()):
+    if not any(_image_like(v) for cols in (stream.steps, stream.fragments) for v in cols.values()):
         return stream  # no image column (checked once per episode: most envs have none)
     encoded = dict(stream.encoded)
     tables = {}

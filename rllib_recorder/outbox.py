@@ -252,9 +252,7 @@ class Outbox:
 
 def _versions(chunk: Chunk) -> tuple[int, ...]:
     """The distinct behaviour-policy versions in ``chunk``, ascending."""
-    parts = [s.steps["weights_seq_no"] for s in chunk.streams.values() if len(s.steps.get("weights_seq_no", ()))]
-    if len(parts) == 1:  # one agent (every single-agent sample): usually one version, no sort needed
-        lo, hi = int(parts[0].min()), int(parts[0].max())
-        if lo == hi:
-            return (lo,)
-    return tuple(np.unique(chunk.policy_versions).tolist())
+    versions = chunk.policy_versions
+    if len(versions) and versions.min() == versions.max():  # the usual sample: one version, no sort needed
+        return (int(versions[0]),)
+    return tuple(np.unique(versions).tolist())

@@ -139,9 +139,10 @@ def dir_bytes(path: str) -> int:
 def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work: str,
               build_order: tuple[str, ...] = VARIANTS, warmup: float = 3.0, settle: float = 1.0,
               control: bool = False) -> dict[str, Any]:
-    variants = VARIANTS + ((CONTROL,) if control else ())
+    extra = (CONTROL,) if control else ()
+    variants = VARIANTS + extra
     algos = {}
-    for variant in tuple(build_order) + ((CONTROL,) if control else ()):
+    for variant in tuple(build_order) + extra:
         algos[variant] = build(env, runners, mode, variant, os.path.join(work, f"{env}-{runners}-{mode}-{variant}"))
     steps_total = defaultdict(int)
     # Warm up: env creation, first forward passes and, for the recorder, its first hand-off (held up to
