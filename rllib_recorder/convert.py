@@ -96,7 +96,7 @@ def episodes_to_chunk(
     episodes: Sequence[Any], options: ConvertOptions = ConvertOptions(), sampled_at_s: float = 0.0
 ) -> Chunk:
     """Converts new-stack ``SingleAgentEpisode``/``MultiAgentEpisode`` fragments to a chunk."""
-    parts: dict[str, list[Stream]] = {}
+    parts: dict[str, list[tuple[Any, str, Any]]] = {}  # agent key -> (episode, episode id, module id)
     env_steps = 0
     for episode in episodes:
         if hasattr(episode, "agent_episodes"):
@@ -104,19 +104,13 @@ def episodes_to_chunk(
             for agent_id, agent_episode in episode.agent_episodes.items():
                 if len(agent_episode) == 0:
                     continue
-                stream = _single_episode_stream(
-                    agent_episode, str(episode.id_), agent_episode.module_id, options
-                )
-                stream = encode_stream(stream) if options.encode_images else stream
-                parts.setdefault(str(agent_id), []).append(stream)
+                parts.setdefault(str(agent_id), []).append((agent_episode, str(episode.id_), agent_episode.module_id))
         else:
             env_steps += len(episode)
             if len(episode) == 0:
                 continue
-            stream = _single_episode_stream(episode, str(episode.id_), episode.module_id, options)
-            stream = encode_stream(stream) if options.encode_images else stream
-            parts.setdefault(_agent_key(episode.agent_id), []).append(stream)
-    streams = {key: concat_streams(group) for key, group in parts.items()}
+            parts.setdefault(_agent_key(episode.agent_id), []).append((episode, str(episode.id_), episode.module_id))
+    streams = {key: _episodes_stream(group, options) for key, group in parts.items()}
     return Chunk(streams=streams, env_steps=env_steps, sampled_at_s=sampled_at_s)
 
 
@@ -342,75 +336,106 @@ def _agent_key(agent_id: Any) -> str:
     return DEFAULT_AGENT if agent_id is None else str(agent_id)
 
 
-def _eps_ids(eps_id: Any, n: int) -> np.ndarray:
-    encoded = str(eps_id).encode()
-    if len(encoded) > EPS_ID_DTYPE.itemsize:
+def _eps_ids_array(eps_ids: Sequence[Any]) -> np.ndarray:
+    """One ``EPS_ID_DTYPE`` value per episode id; ConversionError for an id that does not fit."""
+    encoded = [str(e).encode() for e in eps_ids]
+    too_long = next((e for e in encoded if len(e) > EPS_ID_DTYPE.itemsize), None)
+    if too_long is not None:
         raise ConversionError(
-            f"episode id {eps_id!r} is longer than {EPS_ID_DTYPE.itemsize} bytes; "
+            f"episode id {too_long.decode()!r} is longer than {EPS_ID_DTYPE.itemsize} bytes; "
             "use RLlib's default (uuid hex) episode ids"
         )
-    return np.full(n, encoded, dtype=EPS_ID_DTYPE)
+    return np.array(encoded, dtype=EPS_ID_DTYPE)
 
 
-def _single_episode_stream(episode: Any, eps_id: str, module_id: Any, options: ConvertOptions) -> Stream:
-    n = len(episode)
+def _episodes_stream(items: Sequence[tuple[Any, str, Any]], options: ConvertOptions) -> Stream:
+    """One agent's stream of episode fragments ``(episode, episode id, module id)``, in order.
+
+    Only what each episode holds (observations, actions, rewards, model outputs, its last observation) is taken
+    episode by episode, as a small stream (image columns encoded there, before anything is concatenated, with
+    ``options.encode_images``); the columns made from counts and flags (``terminateds``, ``eps_id``, ``t``, the
+    fragment table) are built once for all of them: a CartPole sample holds ~25 episodes of ~20 steps.
+    """
     containers: dict[str, str] = {}
-    observations = episode.get_observations()
-    obs_cols = flatten_value("obs", observations, containers)
-    num_obs = len(next(iter(obs_cols.values())))
-    if num_obs not in (n, n + 1):
-        raise ConversionError(
-            f"episode {eps_id} has {num_obs} observations for {n} actions; "
-            "expected one more observation than actions"
-        )
-    steps = {k: v[:n] for k, v in obs_cols.items()}
-    steps.update(flatten_value("actions", episode.get_actions(), containers))
-    steps["rewards"] = np.asarray(episode.get_rewards())
-    steps["terminateds"] = np.zeros(n, dtype=bool)
-    steps["truncateds"] = np.zeros(n, dtype=bool)
-    steps["terminateds"][-1] = bool(episode.is_terminated)
-    steps["truncateds"][-1] = bool(episode.is_truncated)
-    steps["eps_id"] = _eps_ids(eps_id, n)
-    steps["t"] = np.arange(episode.t_started, episode.t_started + n, dtype=np.int64)
-    extras = dict(episode.extra_model_outputs.items()) if hasattr(episode, "extra_model_outputs") else {}
-    versions = episode.get_extra_model_outputs("weights_seq_no") if "weights_seq_no" in extras else None
-    steps["weights_seq_no"] = (
-        np.asarray(versions, dtype=np.int64) if versions is not None else np.full(n, -1, np.int64)
-    )
-    if options.record_extra_model_outputs:
-        for key in sorted(k for k in extras if k != "weights_seq_no"):
-            steps.update(
-                flatten_value(f"extra_model_outputs/{key}", episode.get_extra_model_outputs(key), containers)
+    parts: list[Stream] = []
+    lengths, t_starts, terminated, truncated, has_last, returns = [], [], [], [], [], []
+    infos: list[str] = []
+    for episode, eps_id, _ in items:
+        n = len(episode)
+        obs_cols = flatten_value("obs", episode.get_observations(), containers)
+        num_obs = len(next(iter(obs_cols.values())))
+        if num_obs not in (n, n + 1):
+            raise ConversionError(
+                f"episode {eps_id} has {num_obs} observations for {n} actions; "
+                "expected one more observation than actions"
             )
-    has_last = num_obs == n + 1
+        steps = {k: v[:n] for k, v in obs_cols.items()}
+        steps.update(flatten_value("actions", episode.get_actions(), containers))
+        steps["rewards"] = rewards = np.asarray(episode.get_rewards())
+        extras = episode.extra_model_outputs if hasattr(episode, "extra_model_outputs") else {}
+        versions = episode.get_extra_model_outputs("weights_seq_no") if "weights_seq_no" in extras else None
+        steps["weights_seq_no"] = (
+            np.asarray(versions, dtype=np.int64) if versions is not None else np.full(n, -1, np.int64)
+        )
+        if options.record_extra_model_outputs:
+            for key in sorted(k for k in extras if k != "weights_seq_no"):
+                steps.update(
+                    flatten_value(f"extra_model_outputs/{key}", episode.get_extra_model_outputs(key), containers)
+                )
+        last = {
+            "last_" + path: column[n:n + 1] if num_obs == n + 1 else np.zeros((1,) + column.shape[1:], column.dtype)
+            for path, column in obs_cols.items()
+        }
+        part = Stream(steps=steps, fragments=last)
+        parts.append(encode_stream(part) if options.encode_images else part)
+        lengths.append(n)
+        t_starts.append(episode.t_started)
+        terminated.append(bool(episode.is_terminated))
+        truncated.append(bool(episode.is_truncated))
+        has_last.append(num_obs == n + 1)
+        returns.append(float(rewards.sum()))
+        if options.record_infos:
+            infos.append(infos_to_json(episode.get_infos()))
+    stream = concat_streams(parts)  # checks that every episode has the same columns
+    stream = Stream(dict(stream.steps), dict(stream.fragments), containers, dict(stream.encoded))
+    counts = np.asarray(lengths, dtype=np.int64)
+    ends = np.cumsum(counts) - 1
+    total = int(ends[-1]) + 1
+    steps = stream.steps
+    for name, flags in (("terminateds", terminated), ("truncateds", truncated)):
+        steps[name] = np.zeros(total, dtype=bool)
+        steps[name][ends] = flags
+    eps_ids = [eps_id for _, eps_id, _ in items]
+    steps["eps_id"] = np.repeat(_eps_ids_array(eps_ids), counts)
+    # t of row i of episode j: t_starts[j] + (i - first row of episode j)
+    first_rows = ends + 1 - counts
+    steps["t"] = np.arange(total, dtype=np.int64) + np.repeat(np.asarray(t_starts, np.int64) - first_rows, counts)
     fragments = _fragment_columns(
-        eps_id=[eps_id], num_rows=[n], t_start=[episode.t_started],
-        terminated=[episode.is_terminated], truncated=[episode.is_truncated],
-        ret=[float(steps["rewards"].sum())], module_id=[module_id], has_last_obs=[has_last],
+        eps_id=eps_ids, num_rows=lengths, t_start=t_starts, terminated=terminated, truncated=truncated,
+        ret=returns, module_id=[module_id for _, _, module_id in items], has_last_obs=has_last,
     )
-    for path, column in obs_cols.items():
-        last = column[n:n + 1] if has_last else np.zeros((1,) + column.shape[1:], column.dtype)
-        fragments["last_" + path] = last
-    fragments.update(_start_state_columns(episode))
+    fragments.update(stream.fragments)
+    fragments.update(_start_state_columns([episode for episode, _, _ in items]))
     if options.record_infos:
-        infos = episode.get_infos()
-        fragments["infos"] = np.array([infos_to_json(infos)], dtype=object)
+        fragments["infos"] = np.array(infos, dtype=object)
     for path, kind in list(containers.items()):
         if path.startswith("obs"):
             containers["last_" + path] = kind
-    return Stream(steps=steps, fragments=fragments, containers=containers)
+    return Stream(steps=steps, fragments=fragments, containers=containers, encoded=stream.encoded)
 
 
-def _start_state_columns(episode: Any) -> dict[str, np.ndarray]:
-    """The start state kept by on_episode_start, stored with the episode's first fragment only."""
-    captured = getattr(episode, "custom_data", {}).get(START_STATE_KEY) if episode.t_started == 0 else None
-    kind, blob = "", b""
-    if captured is not None:  # envstate.Captured: packed now that the first step's outcome is known
-        first_step_ended = len(episode) == 1 and bool(episode.is_terminated or episode.is_truncated)
-        kind, blob = captured.kind, captured.pack(first_step_ended)
-    state = np.empty(1, dtype=object)
-    state[0] = np.frombuffer(blob, dtype=np.uint8)
-    return {"start_state": state, "start_state_kind": np.array([kind], dtype=object)}
+def _start_state_columns(episodes: Sequence[Any]) -> dict[str, np.ndarray]:
+    """The start states kept by on_episode_start, stored with each episode's first fragment only."""
+    states, kinds = np.empty(len(episodes), dtype=object), []
+    for i, episode in enumerate(episodes):
+        captured = getattr(episode, "custom_data", {}).get(START_STATE_KEY) if episode.t_started == 0 else None
+        kind, blob = "", b""
+        if captured is not None:  # envstate.Captured: packed now that the first step's outcome is known
+            first_step_ended = len(episode) == 1 and bool(episode.is_terminated or episode.is_truncated)
+            kind, blob = captured.kind, captured.pack(first_step_ended)
+        states[i] = np.frombuffer(blob, dtype=np.uint8)
+        kinds.append(kind)
+    return {"start_state": states, "start_state_kind": np.array(kinds, dtype=object)}
 
 
 def _fragment_columns(

@@ -35,6 +35,45 @@ def test_single_agent_fragment_columns_exact():
     assert json.loads(frag["infos"][0]) == [{"t": 5}, {"t": 6}, {"t": 7}, {"t": 8}]
 
 
+def test_a_sample_of_many_episodes_stores_each_as_it_would_alone():
+    # One sample's episodes are converted together (columns built once); every row and fragment must be what the
+    # episode gives on its own: lengths, continuing fragments (t_started > 0), last obs, versions, returns.
+    episodes = [
+        make_episode(3, t_started=5, terminated=True, eps_id="a", version=1),
+        make_episode(1, eps_id="b", version=2),
+        make_episode(4, t_started=2, obs_offset=100, eps_id="c", version=3),
+        make_episode(1, t_started=9, terminated=True, eps_id="d", version=3),
+    ]
+    together = episodes_to_chunk(episodes)
+    alone = [episodes_to_chunk([e]).streams["default_agent"] for e in episodes]
+    stream = together.streams["default_agent"]
+    assert together.env_steps == 9 and stream.num_rows == 9
+    for table in ("steps", "fragments"):
+        columns = getattr(stream, table)
+        assert set(columns) == set(getattr(alone[0], table))
+        for path, values in columns.items():
+            expected = np.concatenate([getattr(s, table)[path] for s in alone])
+            assert values.dtype == expected.dtype, path
+            if values.dtype == object:  # strings, or byte arrays (start states)
+                assert [bytes(v) if isinstance(v, np.ndarray) else v for v in values] == \
+                    [bytes(v) if isinstance(v, np.ndarray) else v for v in expected], path
+            else:
+                np.testing.assert_array_equal(values, expected, err_msg=path)
+    np.testing.assert_array_equal(stream.steps["t"], [5, 6, 7, 0, 2, 3, 4, 5, 9])
+    np.testing.assert_array_equal(stream.steps["terminateds"], [0, 0, 1, 0, 0, 0, 0, 0, 1])
+    assert stream.steps["eps_id"].tolist() == [b"a"] * 3 + [b"b"] + [b"c"] * 4 + [b"d"]
+    np.testing.assert_array_equal(stream.fragments["last_obs"], [[8, -8], [1, -1], [106, -6], [10, -10]])
+    assert stream.fragments["return"].tolist() == [18.0, 0.0, 14.0, 9.0]
+
+
+def test_episodes_of_one_sample_with_different_columns_are_refused_with_the_column():
+    plain = make_episode(2, eps_id="a")
+    other = make_episode(2, eps_id="b")
+    other.extra_model_outputs.pop("action_logp")
+    with pytest.raises(ConversionError, match="columns differ .*extra_model_outputs/action_logp"):
+        episodes_to_chunk([plain, other])
+
+
 def test_options_drop_infos_and_extras():
     options = ConvertOptions(record_infos=False, record_extra_model_outputs=False)
     stream = episodes_to_chunk([make_episode(2)], options).streams["default_agent"]
