@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import struct
+import weakref
 import zlib
 from collections import deque
 from dataclasses import dataclass
@@ -86,26 +87,68 @@ def capture(env: Any) -> tuple[str, bytes] | None:
 
 def capture_state(env: Any) -> Captured | None:
     """``env``'s state as it is now (arrays copied, nothing packed yet), or None if the env is not supported."""
-    if unsupported_reason(env) is not None:
+    plan = _plan_of(env)
+    if plan is None:
         return None
     base = env.unwrapped
     arrays: dict[str, np.ndarray] = {}
-    meta: dict[str, Any] = {"layers": [], "rng": _rng_state(base)}
-    for i, layer in enumerate(_layers(env)):
-        attrs = {}
-        for name in WRAPPER_ATTRS:
-            if name in vars(layer):
-                attrs[name] = _put(arrays, f"L{i}.{name}", getattr(layer, name))
+    layers = []
+    stack = _layers(env)
+    for index, name, names in plan.layers:
+        values = vars(stack[index])
+        attrs = {a: _put(arrays, f"L{index}.{a}", values[a]) for a in names if a in values}
         if attrs:
-            meta["layers"].append([type(layer).__name__, attrs])
-    if hasattr(base, "ale"):
-        kind = KIND_ALE
+            layers.append([name, attrs])
+    meta: dict[str, Any] = {"layers": layers, "rng": _rng_state(base)}
+    if plan.kind == KIND_ALE:
         arrays["ale"] = np.frombuffer(base.ale.cloneState(include_rng=True).serialize(), np.uint8)
     else:
-        kind = KIND_CLASSIC
         arrays["state"] = np.array(base.state)
-        meta["attrs"] = {n: _put(arrays, f"base.{n}", getattr(base, n)) for n in CLASSIC_ATTRS if hasattr(base, n)}
-    return Captured(kind, arrays, meta)
+        meta["attrs"] = {n: _put(arrays, f"base.{n}", getattr(base, n)) for n in plan.base_attrs}
+    return Captured(plan.kind, arrays, meta)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What ``capture_state`` reads of one env, found once: its wrapper stack does not change after it is built,
+    and a capture runs on every episode start (the walk through the wrappers cost as much as the copy)."""
+
+    kind: str
+    # (position in the stack of wrappers, its type name, the WRAPPER_ATTRS it had when the plan was made); no
+    # reference to the env or its wrappers, which would keep the env (the plan's weak key) alive
+    layers: tuple[tuple[int, str, tuple[str, ...]], ...]
+    base_attrs: tuple[str, ...]  # CLASSIC_ATTRS the env has
+
+
+# Plans by env object: weak, so that an env RLlib recreates gets a new plan and the old one goes with its env.
+_PLANS: "weakref.WeakKeyDictionary[Any, _Plan]" = weakref.WeakKeyDictionary()
+
+
+def _plan_of(env: Any) -> _Plan | None:
+    """``env``'s capture plan (made on first use), or None if the env is not supported (not remembered: a
+    classic-control env has no state before its first reset)."""
+    try:
+        plan = _PLANS.get(env)
+    except TypeError:  # not weakly referable: plan every time
+        plan = None
+    if plan is not None:
+        return plan
+    if unsupported_reason(env) is not None:
+        return None
+    base = env.unwrapped
+    layers = []
+    for index, layer in enumerate(_layers(env)):
+        names = tuple(name for name in WRAPPER_ATTRS if name in vars(layer))
+        if names:
+            layers.append((index, type(layer).__name__, names))
+    kind = KIND_ALE if hasattr(base, "ale") else KIND_CLASSIC
+    base_attrs = () if kind == KIND_ALE else tuple(n for n in CLASSIC_ATTRS if hasattr(base, n))
+    plan = _Plan(kind, tuple(layers), base_attrs)
+    try:
+        _PLANS[env] = plan
+    except TypeError:
+        pass
+    return plan
 
 
 def pack(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> bytes:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -41,6 +44,23 @@ def test_restored_env_repeats_the_captured_future_exactly(make):
     for (obs_e, *rest_e), (obs_g, *rest_g) in zip(expected, got):
         np.testing.assert_array_equal(obs_g, obs_e)
         assert rest_g == rest_e
+
+
+def test_capture_plans_neither_keep_envs_alive_nor_remember_an_env_before_its_first_reset():
+    env = gym.make("CartPole-v1")
+    assert envstate.capture_state(env) is None  # no state before the first reset
+    env.reset(seed=1)
+    first = envstate.capture_state(env)
+    env.step(0)
+    second = envstate.capture_state(env)  # from the plan made by the first capture
+    assert first.kind == second.kind == envstate.KIND_CLASSIC
+    assert not np.array_equal(first.arrays["state"], second.arrays["state"])
+    assert first.meta["layers"] == [["TimeLimit", {"_elapsed_steps": 0}]]
+    assert second.meta["layers"] == [["TimeLimit", {"_elapsed_steps": 1}]]
+    gone = weakref.ref(env.unwrapped)
+    del env
+    gc.collect()
+    assert gone() is None
 
 
 def test_unsupported_env_has_no_state_and_a_reason():
