@@ -396,20 +396,10 @@ def _episodes_stream(items: Sequence[tuple[Any, str, Any]], options: ConvertOpti
         returns.append(float(rewards.sum()))
         if options.record_infos:
             infos.append(infos_to_json(episode.get_infos()))
-    stream = concat_streams(parts)  # checks that every episode has the same columns
-    stream = Stream(dict(stream.steps), dict(stream.fragments), containers, dict(stream.encoded))
-    counts = np.asarray(lengths, dtype=np.int64)
-    ends = np.cumsum(counts) - 1
-    total = int(ends[-1]) + 1
+    stream = concat_streams(parts)  # checks that every episode has the same columns; new dicts, or parts[0]'s
+    eps_ids = _eps_ids_array([eps_id for _, eps_id, _ in items])
     steps = stream.steps
-    for name, flags in (("terminateds", terminated), ("truncateds", truncated)):
-        steps[name] = np.zeros(total, dtype=bool)
-        steps[name][ends] = flags
-    eps_ids = [eps_id for _, eps_id, _ in items]
-    steps["eps_id"] = np.repeat(_eps_ids_array(eps_ids), counts)
-    # t of row i of episode j: t_starts[j] + (i - first row of episode j)
-    first_rows = ends + 1 - counts
-    steps["t"] = np.arange(total, dtype=np.int64) + np.repeat(np.asarray(t_starts, np.int64) - first_rows, counts)
+    steps.update(_position_columns(lengths, t_starts, terminated, truncated, eps_ids))
     fragments = _fragment_columns(
         eps_id=eps_ids, num_rows=lengths, t_start=t_starts, terminated=terminated, truncated=truncated,
         ret=returns, module_id=[module_id for _, _, module_id in items], has_last_obs=has_last,
@@ -422,6 +412,28 @@ def _episodes_stream(items: Sequence[tuple[Any, str, Any]], options: ConvertOpti
         if path.startswith("obs"):
             containers["last_" + path] = kind
     return Stream(steps=steps, fragments=fragments, containers=containers, encoded=stream.encoded)
+
+
+def _position_columns(lengths: list[int], t_starts: list[int], terminated: list[bool], truncated: list[bool],
+                      eps_ids: np.ndarray) -> dict[str, np.ndarray]:
+    """``terminateds``, ``truncateds``, ``eps_id`` and ``t`` of consecutive episode fragments, built at once."""
+    if len(lengths) == 1:  # complete_episodes: one episode per sample, where numpy's fixed costs count most
+        n, t0 = lengths[0], t_starts[0]
+        columns = {"terminateds": np.zeros(n, dtype=bool), "truncateds": np.zeros(n, dtype=bool)}
+        columns["terminateds"][-1], columns["truncateds"][-1] = terminated[0], truncated[0]
+        return columns | {"eps_id": np.full(n, eps_ids[0], dtype=eps_ids.dtype), "t": np.arange(t0, t0 + n, dtype=np.int64)}
+    counts = np.asarray(lengths, dtype=np.int64)
+    ends = np.cumsum(counts) - 1
+    total = int(ends[-1]) + 1
+    columns = {}
+    for name, flags in (("terminateds", terminated), ("truncateds", truncated)):
+        columns[name] = np.zeros(total, dtype=bool)
+        columns[name][ends] = flags
+    columns["eps_id"] = np.repeat(eps_ids, counts)
+    # t of row i of episode j: t_starts[j] + (i - first row of episode j)
+    first_rows = ends + 1 - counts
+    columns["t"] = np.arange(total, dtype=np.int64) + np.repeat(np.asarray(t_starts, np.int64) - first_rows, counts)
+    return columns
 
 
 def _start_state_columns(episodes: Sequence[Any]) -> dict[str, np.ndarray]:
@@ -439,11 +451,12 @@ def _start_state_columns(episodes: Sequence[Any]) -> dict[str, np.ndarray]:
 
 
 def _fragment_columns(
-    *, eps_id: list, num_rows: list, t_start: list, terminated: list, truncated: list,
+    *, eps_id: Sequence[Any] | np.ndarray, num_rows: list, t_start: list, terminated: list, truncated: list,
     ret: list, module_id: list, has_last_obs: list,
 ) -> dict[str, np.ndarray]:
     return {
-        "eps_id": np.array([str(e).encode() for e in eps_id], dtype=EPS_ID_DTYPE),
+        "eps_id": eps_id if isinstance(eps_id, np.ndarray) else np.array([str(e).encode() for e in eps_id],
+                                                                         dtype=EPS_ID_DTYPE),
         "num_rows": np.asarray(num_rows, dtype=np.int64),
         "t_start": np.asarray(t_start, dtype=np.int64),
         "terminated": np.asarray(terminated, dtype=bool),
