@@ -421,7 +421,9 @@ def _position_columns(lengths: list[int], t_starts: list[int], terminated: list[
         n, t0 = lengths[0], t_starts[0]
         columns = {"terminateds": np.zeros(n, dtype=bool), "truncateds": np.zeros(n, dtype=bool)}
         columns["terminateds"][-1], columns["truncateds"][-1] = terminated[0], truncated[0]
-        return columns | {"eps_id": np.full(n, eps_ids[0], dtype=eps_ids.dtype), "t": np.arange(t0, t0 + n, dtype=np.int64)}
+        columns["eps_id"] = np.full(n, eps_ids[0], dtype=eps_ids.dtype)
+        columns["t"] = np.arange(t0, t0 + n, dtype=np.int64)
+        return columns
     counts = np.asarray(lengths, dtype=np.int64)
     ends = np.cumsum(counts) - 1
     total = int(ends[-1]) + 1
