@@ -13,6 +13,19 @@ from rllib_recorder.runner import keep_start_state, recorder_for
 
 logger = logging.getLogger(__name__)
 
+# Episode type -> whether its start state is kept (single-agent new-stack episodes): decided once per type, since
+# on_episode_start runs on every episode and a failing hasattr costs an exception each time.
+_KEEPS_START_STATE: dict[type, bool] = {}
+
+
+def _keeps_start_state(episode: Any) -> bool:
+    keeps = _KEEPS_START_STATE.get(type(episode))
+    if keeps is None:
+        keeps = _KEEPS_START_STATE[type(episode)] = (
+            not hasattr(episode, "agent_episodes") and hasattr(episode, "custom_data")
+        )
+    return keeps
+
 
 class RecorderCallback(RLlibCallback):
     """Records every sample of every env runner into one HDF5 file per runner.
@@ -75,7 +88,7 @@ class RecorderCallback(RLlibCallback):
     def on_episode_start(self, *, episode: Any, env_runner: Any = None, env: Any = None, env_index: int = 0,
                          **kwargs: Any) -> None:
         # New stack, single agent: keep the sub-env's state for `replay --check` (stored with the first fragment).
-        if env is None or hasattr(episode, "agent_episodes") or not hasattr(episode, "custom_data"):
+        if env is None or not _keeps_start_state(episode):
             return
         try:
             keep_start_state(episode, env, env_index, env_runner)

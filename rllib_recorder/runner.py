@@ -9,6 +9,7 @@ from collections import Counter
 from typing import Any
 
 from rllib_recorder.convert import START_STATE_KEY, Chunk, ConvertOptions, batch_to_chunk, episodes_to_chunk
+from rllib_recorder.envstate import capture_state, sub_env
 from rllib_recorder.outbox import Outbox
 from rllib_recorder.pool import Binding, RayTransport
 
@@ -60,8 +61,6 @@ def keep_start_state(episode: Any, vector_env: Any, env_index: int, env_runner: 
     Nothing when it can't be captured, or when ``env_runner`` does not record it (an evaluation
     runner with ``record_evaluation=False``, or ``record_start_states=False``).
     """
-    from rllib_recorder.envstate import capture_state, sub_env
-
     if env_runner is not None and not recorder_for(env_runner).records_start_states:
         return
     env = sub_env(vector_env, env_index)
