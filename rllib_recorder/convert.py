@@ -321,7 +321,7 @@ def flatten_value(prefix: str, value: Any, containers: dict[str, str]) -> dict[s
 
 def infos_to_json(infos: Iterable[Any]) -> str:
     """Encodes a fragment's infos as one JSON list (numpy values become lists/numbers)."""
-    return json.dumps(list(infos), default=_json_default, separators=(",", ":"))
+    return _INFOS_JSON.encode(list(infos))
 
 
 def _json_default(value: Any) -> Any:
@@ -330,6 +330,10 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     return repr(value)
+
+
+# One encoder for every episode's infos (json.dumps with options builds a new encoder on every call).
+_INFOS_JSON = json.JSONEncoder(default=_json_default, separators=(",", ":"))
 
 
 def _agent_key(agent_id: Any) -> str:

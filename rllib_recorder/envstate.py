@@ -32,6 +32,7 @@ CLASSIC_ATTRS = ("steps_beyond_terminated",)
 # Files of schema 1.1 may hold the older npz form (starts with b"PK"); restore reads both.
 MAGIC = b"RRS2"
 COMPRESS_ABOVE = 4096
+_HEADER_JSON = json.JSONEncoder(separators=(",", ":"))  # one encoder for every capture's header
 
 
 def sub_env(vector_env: Any, env_index: int) -> Any | None:
@@ -163,7 +164,7 @@ def pack(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> bytes:
     flags = 0
     if len(payload) > COMPRESS_ABOVE:
         payload, flags = zlib.compress(payload, 1), 1
-    header = json.dumps({"meta": meta, "arrays": table}, separators=(",", ":")).encode()
+    header = _HEADER_JSON.encode({"meta": meta, "arrays": table}).encode()
     return MAGIC + struct.pack("<BI", flags, len(header)) + header + payload
 
 
