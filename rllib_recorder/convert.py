@@ -386,8 +386,9 @@ def _episodes_stream(items: Sequence[tuple[Any, str, Any]], options: ConvertOpti
                 steps.update(
                     flatten_value(f"extra_model_outputs/{key}", episode.get_extra_model_outputs(key), containers)
                 )
+        has_last_obs = num_obs == n + 1
         last = {
-            "last_" + path: column[n:n + 1] if num_obs == n + 1 else np.zeros((1,) + column.shape[1:], column.dtype)
+            "last_" + path: column[n:n + 1] if has_last_obs else np.zeros((1,) + column.shape[1:], column.dtype)
             for path, column in obs_cols.items()
         }
         part = Stream(steps=steps, fragments=last)
@@ -396,7 +397,7 @@ def _episodes_stream(items: Sequence[tuple[Any, str, Any]], options: ConvertOpti
         t_starts.append(episode.t_started)
         terminated.append(bool(episode.is_terminated))
         truncated.append(bool(episode.is_truncated))
-        has_last.append(num_obs == n + 1)
+        has_last.append(has_last_obs)
         returns.append(float(rewards.sum()))
         if options.record_infos:
             infos.append(infos_to_json(episode.get_infos()))
@@ -457,12 +458,11 @@ def _start_state_columns(episodes: Sequence[Any]) -> dict[str, np.ndarray]:
 
 
 def _fragment_columns(
-    *, eps_id: Sequence[Any] | np.ndarray, num_rows: list, t_start: list, terminated: list, truncated: list,
+    *, eps_id: np.ndarray, num_rows: list, t_start: list, terminated: list, truncated: list,
     ret: list, module_id: list, has_last_obs: list,
 ) -> dict[str, np.ndarray]:
     return {
-        "eps_id": eps_id if isinstance(eps_id, np.ndarray) else np.array([str(e).encode() for e in eps_id],
-                                                                         dtype=EPS_ID_DTYPE),
+        "eps_id": eps_id,  # already EPS_ID_DTYPE: the ids the step column holds
         "num_rows": np.asarray(num_rows, dtype=np.int64),
         "t_start": np.asarray(t_start, dtype=np.int64),
         "terminated": np.asarray(terminated, dtype=bool),
@@ -500,7 +500,7 @@ def _sample_batch_stream(batch: Any, policy_id: str, options: ConvertOptions, ve
     last = ends - 1
     rewards = steps["rewards"].astype(np.float64)
     fragments = _fragment_columns(
-        eps_id=list(ids[starts]), num_rows=list(ends - starts), t_start=list(t[starts]),
+        eps_id=steps["eps_id"][starts], num_rows=list(ends - starts), t_start=list(t[starts]),
         terminated=list(steps["terminateds"][last]), truncated=list(steps["truncateds"][last]),
         ret=[float(rewards[s:e].sum()) for s, e in zip(starts, ends)],
         module_id=[policy_id] * len(starts), has_last_obs=[True] * len(starts),
