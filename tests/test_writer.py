@@ -326,6 +326,31 @@ def test_commits_overwrite_the_record_in_place_so_the_root_header_never_grows(tm
         assert json.loads(h5.attrs["commit"]) == {"batches": 24, "agents": {"default_agent": [counts[-1], 24]}}
 
 
+def test_a_commit_record_that_outgrows_its_attribute_is_recreated_larger_and_later_commits_fit_in_place(tmp_path):
+    # The writer keeps the record and its attribute open between appends; one that outgrows the attribute (here
+    # 60 agents' counts) is re-created at twice its size, and the next commits write the new one in place.
+    from rllib_recorder.convert import Chunk
+
+    def chunk(agents, seq):
+        stream = episodes_to_chunk([make_episode(3, eps_id=f"e{seq}")]).streams["default_agent"]
+        return Chunk(streams={f"agent_{i:02d}": stream for i in range(agents)}, env_steps=3, num_samples=1,
+                     sampled_at_s=0.0)
+
+    writer = _writer(tmp_path)
+    for seq, agents in enumerate((5, 60, 60)):
+        writer.append(1, False, b"s" * 32, seq, chunk(agents, seq))
+    writer.close()
+    with h5py.File(tmp_path / "worker-001.h5", "r") as h5:
+        commit = json.loads(h5.attrs["commit"])
+        capacity = h5.attrs.get_id("commit").dtype.itemsize
+        assert capacity > schema.COMMIT_BYTES and len(json.dumps(commit)) < capacity
+        assert commit["batches"] == 3
+        assert commit["agents"] == {f"agent_{i:02d}": [9, 3] if i < 5 else [6, 2] for i in range(60)}
+        for i in (0, 4, 5, 59):
+            rows = commit["agents"][f"agent_{i:02d}"][0]
+            np.testing.assert_array_equal(h5[f"agents/agent_{i:02d}/steps/t"][()], np.tile(np.arange(3), rows // 3))
+
+
 def test_an_older_files_variable_length_commit_is_read_and_replaced_on_the_next_append(tmp_path):
     writer = _writer(tmp_path)
     writer.append(1, False, b"s" * 32, 0, episodes_to_chunk([make_episode(3, eps_id="a")]))
