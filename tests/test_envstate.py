@@ -57,10 +57,12 @@ def test_capture_plans_neither_keep_envs_alive_nor_remember_an_env_before_its_fi
     assert not np.array_equal(first.arrays["state"], second.arrays["state"])
     assert first.meta["layers"] == [["TimeLimit", {"_elapsed_steps": 0}]]
     assert second.meta["layers"] == [["TimeLimit", {"_elapsed_steps": 1}]]
-    gone = weakref.ref(env.unwrapped)
+    gone, key = weakref.ref(env.unwrapped), id(env)
+    assert key in envstate._PLANS
     del env
     gc.collect()
     assert gone() is None
+    assert key not in envstate._PLANS  # the plan went with its env
 
 
 def test_unsupported_env_has_no_state_and_a_reason():
