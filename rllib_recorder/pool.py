@@ -6,6 +6,7 @@ import concurrent.futures
 import glob
 import logging
 import os
+import pickle
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,30 @@ from rllib_recorder.manifest import place_files
 from rllib_recorder.writer import RecordingWriter
 
 logger = logging.getLogger(__name__)
+
+# Ray inlines an actor-call argument of at most max_direct_call_object_size bytes (100 KiB by default) in the call
+# itself, and puts a bigger one in the object store, which also costs the raylet CPU (1.2-2 ms per call here, outside
+# the recorder's own processes). Pickled by us and cut into pieces under that limit, a CartPole chunk of 115-922 KiB
+# cost 0.34-0.72 of the CPU (caller, writer actor and raylet together) it costs through the object store, 55 KiB
+# 0.76-0.78 (Ray's serializer does more per array than one pickle), 1.8 MiB 0.78-0.90 (medians of two runs of
+# scripts/bench_transport.py; docs/BENCHMARKS.md). So chunks that pickle to at most INLINE_CHUNK_BYTES go in pieces; bigger ones (Atari
+# frames: megabytes per chunk) go through the object store as they are.
+INLINE_CHUNK_BYTES = 1 << 20
+_DIRECT_CALL_BYTES = int(os.environ.get("RAY_max_direct_call_object_size", 100 << 10))
+PIECE_BYTES = max(1 << 10, _DIRECT_CALL_BYTES - (4 << 10))  # room for Ray's own framing of each argument
+
+
+def chunk_pieces(chunk: Chunk, limit: int = INLINE_CHUNK_BYTES) -> list[memoryview] | None:
+    """``chunk`` pickled and cut into pieces Ray inlines in an actor call, or None if it pickles to more than
+    ``limit`` bytes (it then goes as it is, through the object store). ``RecordingWriter.append_pieces`` joins
+    them."""
+    if chunk.nbytes > limit:  # the arrays alone are too big: don't pickle to find out
+        return None
+    data = pickle.dumps(chunk, protocol=5)
+    if len(data) > limit:
+        return None
+    view = memoryview(data)
+    return [view[i:i + PIECE_BYTES] for i in range(0, len(data), PIECE_BYTES)]
 
 
 def writer_name(run_id: str, index: int, node_index: int = 0) -> str:
@@ -201,9 +226,13 @@ class RayTransport:
         self._futures: dict[Any, concurrent.futures.Future] = {}
 
     def send(self, sender_id: bytes, seq: int, chunk: Chunk, stats: dict[str, Any]) -> Any:
-        ref = self.writer_actor.append.remote(
-            self.worker_index, self.is_evaluation, sender_id, seq, chunk, stats
-        )
+        pieces = chunk_pieces(chunk)
+        if pieces is None:
+            ref = self.writer_actor.append.remote(self.worker_index, self.is_evaluation, sender_id, seq, chunk, stats)
+        else:
+            ref = self.writer_actor.append_pieces.remote(
+                self.worker_index, self.is_evaluation, sender_id, seq, stats, *pieces
+            )
         self._futures[ref] = ref.future()
         return ref
 

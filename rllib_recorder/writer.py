@@ -7,6 +7,7 @@ import errno
 import gc
 import logging
 import os
+import pickle
 import socket
 import time
 import traceback
@@ -99,6 +100,18 @@ class RecordingWriter:
         self._maybe_compact(key)
         self._account(chunk, time.perf_counter() - start, learner_version)
         return {"seq": seq, "duplicate": False, "rows": chunk.agent_steps}
+
+    def append_pieces(
+        self, worker_index: int, is_evaluation: bool, sender_id: bytes, seq: int,
+        sender_stats: dict[str, Any] | None, *pieces: bytes,
+    ) -> dict[str, Any]:
+        """``append`` of a chunk sent pickled in pieces (``pool.chunk_pieces``: small enough for Ray to carry
+        inside the call, not through the object store)."""
+        chunk = pickle.loads(b"".join(pieces))
+        if not isinstance(chunk, Chunk):
+            raise TypeError(f"append_pieces got a {type(chunk).__name__}, not a Chunk; send chunks through "
+                            "pool.RayTransport")
+        return self.append(worker_index, is_evaluation, sender_id, seq, chunk, sender_stats)
 
     def _error(self, error: BaseException, path: str) -> BaseException:
         """Counts a failed append and returns the one-line error to raise."""
