@@ -423,7 +423,7 @@ class OpenColumns:
         """A copy of the file's commit record, to change and pass to ``write_commit``."""
         if self._commit is None:
             self._commit = read_commit(self.h5)
-        return {"batches": self._commit["batches"], "agents": dict(self._commit["agents"])}
+        return {**self._commit, "agents": dict(self._commit["agents"])}
 
     def write_commit(self, commit: dict[str, Any]) -> None:
         """Writes ``commit`` in place (``write_commit``, without the lookups) and keeps it as the file's record."""
