@@ -27,8 +27,8 @@ logger = logging.getLogger(__name__)
 # the recorder's own processes). Pickled by us and cut into pieces under that limit, a CartPole chunk of 115-922 KiB
 # cost 0.34-0.72 of the CPU (caller, writer actor and raylet together) it costs through the object store, 55 KiB
 # 0.76-0.78 (Ray's serializer does more per array than one pickle), 1.8 MiB 0.78-0.90 (medians of two runs of
-# scripts/bench_transport.py; docs/BENCHMARKS.md). So chunks that pickle to at most INLINE_CHUNK_BYTES go in pieces; bigger ones (Atari
-# frames: megabytes per chunk) go through the object store as they are.
+# scripts/bench_transport.py; docs/BENCHMARKS.md). So chunks that pickle to at most INLINE_CHUNK_BYTES go in
+# pieces; bigger ones (Atari frames: megabytes per chunk) go through the object store as they are.
 INLINE_CHUNK_BYTES = 1 << 20
 _DIRECT_CALL_BYTES = int(os.environ.get("RAY_max_direct_call_object_size", 100 << 10))
 PIECE_BYTES = max(1 << 10, _DIRECT_CALL_BYTES - (4 << 10))  # room for Ray's own framing of each argument

@@ -121,8 +121,8 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     if not args.no_write:
-        benchdoc.write_section("Hand-off: inside the actor call or through the object store (scripts/bench_transport.py)",
-                               table + f"""
+        title = "Hand-off: inside the actor call or through the object store (scripts/bench_transport.py)"
+        benchdoc.write_section(title, table + f"""
 
 CPU per call, median (min) over {args.reps} repetitions of {args.calls} calls, at most 5 in flight. Chunks of
 100 KiB or less go inside the call either way (Ray's own limit): both rows of a size measure the same path there.
