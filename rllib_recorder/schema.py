@@ -223,17 +223,30 @@ def write_commit(h5: h5py.File, commit: Mapping[str, Any]) -> int:
     allocates nothing. It is re-created (at twice the size) only when the record outgrows it.
     Returns the attribute's capacity in bytes.
     """
-    data = json.dumps(commit, separators=(",", ":")).encode()
+    return _write_commit_data(h5, _commit_json(commit))
+
+
+def _commit_json(commit: Mapping[str, Any]) -> bytes:
+    return json.dumps(commit, separators=(",", ":")).encode()
+
+
+def _padded(data: bytes, capacity: int) -> np.ndarray:
+    """The commit record as the fixed-size string its attribute holds."""
+    return np.array(data.ljust(capacity), dtype=f"S{capacity}")
+
+
+def _write_commit_data(h5: h5py.File, data: bytes) -> int:
+    """``write_commit`` of a record already encoded; returns the attribute's capacity."""
     capacity = _commit_capacity(h5)
     if len(data) <= capacity:
-        h5.attrs.modify("commit", np.array(data.ljust(capacity), dtype=f"S{capacity}"))
+        h5.attrs.modify("commit", _padded(data, capacity))
         return capacity
     capacity = COMMIT_BYTES
     while capacity < 2 * len(data):
         capacity *= 2
     if "commit" in h5.attrs:
         del h5.attrs["commit"]
-    h5.attrs.create("commit", np.array(data.ljust(capacity), dtype=f"S{capacity}"))
+    h5.attrs.create("commit", _padded(data, capacity))
     return capacity
 
 
@@ -427,12 +440,12 @@ class OpenColumns:
 
     def write_commit(self, commit: dict[str, Any]) -> None:
         """Writes ``commit`` in place (``write_commit``, without the lookups) and keeps it as the file's record."""
-        data = json.dumps(commit, separators=(",", ":")).encode()
+        data = _commit_json(commit)
         if self._commit_attr is not None and len(data) <= self._commit_capacity:
-            self._commit_attr.write(np.array(data.ljust(self._commit_capacity), dtype=f"S{self._commit_capacity}"))
+            self._commit_attr.write(_padded(data, self._commit_capacity))
         else:
             self._commit_attr = None  # re-created when it outgrows its capacity: open it anew
-            self._commit_capacity = write_commit(self.h5, commit)
+            self._commit_capacity = _write_commit_data(self.h5, data)
             self._commit_attr = self.h5.attrs.get_id("commit")
         self._commit = commit
 

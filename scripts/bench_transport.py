@@ -56,7 +56,7 @@ def main() -> None:
     import ray
 
     from bench_writer import chunks_of, episodes_from_env
-    from rllib_recorder.pool import INLINE_CHUNK_BYTES, PIECE_BYTES
+    from rllib_recorder.pool import INLINE_CHUNK_BYTES, chunk_pieces
     from rllib_recorder.writer import RecordingWriter
 
     class Sink(RecordingWriter):
@@ -79,14 +79,11 @@ def main() -> None:
     chunks = {rows: chunks_of(episodes[: rows // 25], rows)[0] for rows in args.rows}
 
     def one(chunk: Any, inline: bool) -> tuple[float, float, float]:
-        import pickle
-
         refs = []
         c0, a0, r0 = time.process_time(), ray.get(sink.cpu.remote()), process_cpu(raylet)
         for seq in range(args.calls):
-            if inline:  # what pool.chunk_pieces does, without its size limit
-                view = memoryview(pickle.dumps(chunk, protocol=5))
-                pieces = [view[i:i + PIECE_BYTES] for i in range(0, len(view), PIECE_BYTES)]
+            if inline:  # pool.chunk_pieces without its size limit
+                pieces = chunk_pieces(chunk, limit=1 << 62)
                 refs.append(sink.append_pieces.remote(1, False, b"s" * 32, seq, None, *pieces))
             else:
                 refs.append(sink.append.remote(1, False, b"s" * 32, seq, chunk, None))
