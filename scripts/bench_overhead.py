@@ -53,14 +53,22 @@ def build(env: str, runners: int, mode: str, variant: str, out: str) -> Any:
         .env_runners(num_env_runners=runners, batch_mode=mode, rollout_fragment_length=FRAGMENT[env])
         .training(train_batch_size=FRAGMENT[env] * runners, minibatch_size=FRAGMENT[env], num_epochs=1)
     )
-    if variant == "recorder":
-        config = config.callbacks(RecorderCallback.configured(output_dir=out))
+    if variant.startswith("recorder"):
+        config = config.callbacks(RecorderCallback.configured(output_dir=out, **recorder_settings(variant)))
     elif variant == "rllib":
         # RLlib records whole episodes only in complete_episodes mode; otherwise one row per step.
         episodes = mode == "complete_episodes"
         config = config.offline_data(output=out, output_write_episodes=episodes, output_write_remaining_data=True,
                                      output_max_rows_per_file=100 if episodes else 5000)
     return config.build_algo()
+
+
+def recorder_settings(variant: str) -> dict[str, Any]:
+    """The recorder settings a variant name carries: "recorder" (defaults) or "recorder:key=value,key=value"."""
+    import yaml
+
+    _, _, spec = variant.partition(":")
+    return {k: yaml.safe_load(v) for k, _, v in (item.partition("=") for item in spec.split(",") if item)}
 
 
 def env_name(env: str) -> str:
@@ -138,12 +146,13 @@ def dir_bytes(path: str) -> int:
 
 def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work: str,
               build_order: tuple[str, ...] = VARIANTS, warmup: float = 3.0, settle: float = 1.0,
-              control: bool = False) -> dict[str, Any]:
-    extra = (CONTROL,) if control else ()
+              control: bool = False, alternatives: tuple[str, ...] = ()) -> dict[str, Any]:
+    extra = ((CONTROL,) if control else ()) + tuple(f"recorder:{a}" for a in alternatives)
     variants = VARIANTS + extra
     algos = {}
     for variant in tuple(build_order) + extra:
-        algos[variant] = build(env, runners, mode, variant, os.path.join(work, f"{env}-{runners}-{mode}-{variant}"))
+        algos[variant] = build(env, runners, mode, variant,
+                               os.path.join(work, f"{env}-{runners}-{mode}-{variant.replace(':', '-')}"))
     steps_total = defaultdict(int)
     # Warm up: env creation, first forward passes and, for the recorder, its first hand-off (held up to
     # coalesce_s = 2 s) with the file's creation; timed from the steady state on.
@@ -155,8 +164,11 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
     # CPU seconds per env step over the env runners' processes (+ the writers' for the recorder), none's over the
     # variant's: the throughput ratio a CPU-bound machine would see, from CPU time instead of wall time
     cpu_ratio: dict[str, list[float]] = defaultdict(list)
-    writer_share: list[float] = []
-    waits, drains, rss = [], [], []
+    # per recorder variant ("recorder" and its alternatives)
+    writer_share: dict[str, list[float]] = defaultdict(list)
+    waits: dict[str, list[float]] = defaultdict(list)
+    drains: dict[str, list[float]] = defaultdict(list)
+    rss: dict[str, list[float]] = defaultdict(list)
     for rep in range(reps):
         order = variants[rep % len(variants):] + variants[:rep % len(variants)]
         rep_tp, rep_cpu = {}, {}
@@ -165,8 +177,9 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
             # before this block starts, so that it is not charged to the next variant
             time.sleep(settle)
             group = algos[variant].env_runner_group
-            before = group.foreach_env_runner(recorder_state, local_env_runner=False) if variant == "recorder" else None
-            wcpu = writers_cpu(group) if variant == "recorder" else {}
+            recording = variant.startswith("recorder")
+            before = group.foreach_env_runner(recorder_state, local_env_runner=False) if recording else None
+            wcpu = writers_cpu(group) if recording else {}
             parts = group.foreach_env_runner(lambda r: timed_sampling(r, seconds), local_env_runner=False)
             if len(parts) != runners:
                 raise RuntimeError(f"{variant}: an env runner died during the timed block (see the log above)")
@@ -174,67 +187,84 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
             steps_total[variant] += steps
             rep_tp[variant] = steps / max(p["elapsed"] for p in parts)
             cpu = sum(p["cpu"] for p in parts)
-            if variant == "recorder":
+            if recording:
                 # the writers' CPU for this block: read after the drain below, so it includes the backlog
-                drains.append(max(group.foreach_env_runner(drain, local_env_runner=False)))
+                drains[variant].append(max(group.foreach_env_runner(drain, local_env_runner=False)))
                 writer_s = sum(v - wcpu.get(k, 0.0) for k, v in writers_cpu(group).items())
-                writer_share.append(writer_s / max(1e-9, cpu + writer_s))
+                writer_share[variant].append(writer_s / max(1e-9, cpu + writer_s))
                 cpu += writer_s
             rep_cpu[variant] = 1000 * cpu / max(1, steps)
-            if variant == "recorder":
+            if recording:
                 after = group.foreach_env_runner(recorder_state, local_env_runner=False)
                 samples = sum(a["samples"] - b["samples"] for a, b in zip(after, before))
-                waits.append(1000 * sum(a["wait_s"] - b["wait_s"] for a, b in zip(after, before)) / max(1, samples))
-                rss.append(max(a["rss"] for a in after))
+                waits[variant].append(
+                    1000 * sum(a["wait_s"] - b["wait_s"] for a, b in zip(after, before)) / max(1, samples))
+                rss[variant].append(max(a["rss"] for a in after))
         for variant in variants:
             throughput[variant].append(rep_tp[variant])
             ratio[variant].append(rep_tp[variant] / rep_tp["none"])
             cpu_ratio[variant].append(rep_cpu["none"] / rep_cpu[variant])
         print(f"  rep {rep}: " + ", ".join(f"{v} {rep_tp[v]:.0f} steps/s ({rep_tp[v] / rep_tp['none']:.3f}; "
                                           f"CPU {rep_cpu[v]:.2f} s/1k steps, {rep_cpu['none'] / rep_cpu[v]:.3f})"
-                                          for v in variants) + f"; writer {100 * writer_share[-1]:.1f}% of the CPU",
+                                          for v in variants)
+              + "; writer % of CPU " + ", ".join(f"{v} {100 * w[-1]:.1f}" for v, w in writer_share.items()),
               flush=True)
     disk = {}
     for algo in algos.values():
         algo.stop()
-    out = os.path.join(work, f"{env}-{runners}-{mode}-recorder")
-    run_dir = next(d for d, _, files in os.walk(out) if "manifest.json" in files)
     from rllib_recorder.reader import open_run
 
-    with open_run(run_dir) as run:
-        stored = run.num_env_steps
-        totals = run.manifest.get("totals", {})
-    disk["recorder"] = dir_bytes(run_dir) / max(1, stored)
+    stored, sampled, totals = {}, {}, {}
+    for variant in variants:
+        if not variant.startswith("recorder"):
+            continue
+        out = os.path.join(work, f"{env}-{runners}-{mode}-{variant.replace(':', '-')}")
+        run_dir = next(d for d, _, files in os.walk(out) if "manifest.json" in files)
+        with open_run(run_dir) as run:
+            stored[variant], sampled[variant] = run.num_env_steps, steps_total[variant]
+            if variant == "recorder":
+                totals = run.manifest.get("totals", {})
+        disk[variant] = dir_bytes(run_dir) / max(1, stored[variant])
     disk["rllib"] = dir_bytes(os.path.join(work, f"{env}-{runners}-{mode}-rllib")) / max(1, steps_total["rllib"])
-    raw_per_step = totals.get("raw_bytes", 0) / max(1, stored)
+    raw_per_step = totals.get("raw_bytes", 0) / max(1, stored["recorder"])
     return {
         "env": env, "runners": runners, "mode": mode, "throughput": throughput, "ratio": ratio,
         "cpu_ratio": cpu_ratio, "writer_share": writer_share,
         "wait_ms": waits, "drain_s": drains, "rss_mib": rss, "disk_per_step": disk, "raw_per_step": raw_per_step,
-        "stored": stored, "sampled": steps_total["recorder"],
+        "stored": stored, "sampled": sampled,
     }
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     control = any(CONTROL in r["ratio"] for r in rows)
+    # alternative recorder settings (--alternative): ratio, CPU ratio, writer share, wait and drain in one cell
+    alts = list(dict.fromkeys(v for r in rows for v in r["ratio"] if v.startswith("recorder:")))
     lines = [
         "| env | runners | batch mode | none steps/s | recorder ratio | rllib ratio "
         + ("| control ratio (A/A) " if control else "") + "| recorder CPU ratio "
         "| rllib CPU ratio | writer % of CPU | recorder wait ms/sample "
-        "| drain s | bytes/step recorder | bytes/step rllib | raw bytes/step | compression | runner RSS MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if control else ""),
+        "| drain s | bytes/step recorder | bytes/step rllib | raw bytes/step | compression | runner RSS MiB |"
+        + "".join(f" {a}: ratio; CPU ratio; writer %; wait ms; drain s |" for a in alts),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if control else "")
+        + "---|" * len(alts),
     ]
     for r in rows:
         disk = r["disk_per_step"]
         ctl = (f"| {benchdoc.cell(r['ratio'][CONTROL]) if CONTROL in r['ratio'] else ''} " if control else "")
+        alt = "".join(
+            f" {benchdoc.cell(r['ratio'][a])}; {benchdoc.cell(r['cpu_ratio'][a])}; "
+            f"{benchdoc.cell([100 * w for w in r['writer_share'][a]], '{:.1f}')}; "
+            f"{benchdoc.cell(r['wait_ms'][a], '{:.2f}')}; {max(r['drain_s'][a]):.2f} |"
+            if a in r["ratio"] else " |" for a in alts)
         lines.append(
             f"| {r['env']} | {r['runners']} | {r['mode']} | {benchdoc.cell(r['throughput']['none'], '{:.0f}')} "
             f"| {benchdoc.cell(r['ratio']['recorder'])} | {benchdoc.cell(r['ratio']['rllib'])} {ctl}"
             f"| {benchdoc.cell(r['cpu_ratio']['recorder'])} | {benchdoc.cell(r['cpu_ratio']['rllib'])} "
-            f"| {benchdoc.cell([100 * w for w in r['writer_share']], '{:.1f}')} "
-            f"| {benchdoc.cell(r['wait_ms'], '{:.2f}')} | {max(r['drain_s']):.2f} "
+            f"| {benchdoc.cell([100 * w for w in r['writer_share']['recorder']], '{:.1f}')} "
+            f"| {benchdoc.cell(r['wait_ms']['recorder'], '{:.2f}')} | {max(r['drain_s']['recorder']):.2f} "
             f"| {disk['recorder']:.0f} | {disk['rllib']:.0f} | {r['raw_per_step']:.0f} "
-            f"| {r['raw_per_step'] / max(1e-9, disk['recorder']):.1f}x | {max(r['rss_mib']):.0f} |"
+            f"| {r['raw_per_step'] / max(1e-9, disk['recorder']):.1f}x | {max(r['rss_mib']['recorder']):.0f} |"
+            + alt
         )
     return "\n".join(lines)
 
@@ -273,6 +303,8 @@ def main() -> None:
                         help="untimed sampling per variant before the first block (covers the first hand-off)")
     parser.add_argument("--control", action="store_true",
                         help="also time a second plain config (A/A: the noise floor of the ratios)")
+    parser.add_argument("--alternative", nargs="+", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
+                        help="also time the recorder with these settings, one variant each (e.g. writer_nice=0)")
     parser.add_argument("--settle", type=float, default=1.0, help="idle seconds before each timed block")
     parser.add_argument("--build-order", nargs=3, default=list(VARIANTS), choices=VARIANTS,
                         help="order in which the variants' algorithms are built (timing order rotates anyway)")
@@ -283,7 +315,7 @@ def main() -> None:
 
     # a CPU for every env runner of every variant (each reserves one, built side by side) and one for RLlib's
     # Ray Data writes: with fewer, the rllib variant's write waits forever for a CPU the idle runners hold
-    variants = len(VARIANTS) + int(args.control)
+    variants = len(VARIANTS) + int(args.control) + len(args.alternative)
     ray.init(address="local", num_cpus=variants * max(args.runners or [4]) + 1, include_dashboard=False,
              log_to_driver=False)
     work = tempfile.mkdtemp(prefix="bench_overhead_")
@@ -295,14 +327,16 @@ def main() -> None:
                     seconds = args.seconds or (6.0 if env == "cartpole" else 12.0)
                     print(f"{env}, {runners} runners, {mode}, {args.reps} x {seconds:.0f} s per variant", flush=True)
                     rows.append(bench_row(env, runners, mode, args.reps, seconds, work, tuple(args.build_order),
-                                          args.warmup, args.settle, args.control))
+                                          args.warmup, args.settle, args.control, tuple(args.alternative)))
     finally:
         ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)
     print(table(rows))
     for r in rows:  # lossless: every sampled step was stored
-        if r["stored"] != r["sampled"]:
-            print(f"LOST DATA: {r['env']} {r['runners']} {r['mode']}: sampled {r['sampled']}, stored {r['stored']}")
+        for variant, stored in r["stored"].items():
+            if stored != r["sampled"][variant]:
+                print(f"LOST DATA: {r['env']} {r['runners']} {r['mode']} {variant}: "
+                      f"sampled {r['sampled'][variant]}, stored {stored}")
     if not args.no_write:
         png = os.path.join(benchdoc.ROOT, "docs", "bench_overhead.png")
         chart(rows, png)
