@@ -148,7 +148,7 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
               build_order: tuple[str, ...] = VARIANTS, warmup: float = 3.0, settle: float = 1.0,
               control: bool = False, alternatives: tuple[str, ...] = ()) -> dict[str, Any]:
     extra = ((CONTROL,) if control else ()) + tuple(f"recorder:{a}" for a in alternatives)
-    variants = VARIANTS + extra
+    variants = tuple(v for v in VARIANTS if v in build_order) + extra
     algos = {}
     for variant in tuple(build_order) + extra:
         algos[variant] = build(env, runners, mode, variant,
@@ -225,7 +225,8 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
             if variant == "recorder":
                 totals = run.manifest.get("totals", {})
         disk[variant] = dir_bytes(run_dir) / max(1, stored[variant])
-    disk["rllib"] = dir_bytes(os.path.join(work, f"{env}-{runners}-{mode}-rllib")) / max(1, steps_total["rllib"])
+    if "rllib" in variants:
+        disk["rllib"] = dir_bytes(os.path.join(work, f"{env}-{runners}-{mode}-rllib")) / max(1, steps_total["rllib"])
     raw_per_step = totals.get("raw_bytes", 0) / max(1, stored["recorder"])
     return {
         "env": env, "runners": runners, "mode": mode, "throughput": throughput, "ratio": ratio,
@@ -258,15 +259,19 @@ def table(rows: list[dict[str, Any]]) -> str:
             if a in r["ratio"] else " |" for a in alts)
         lines.append(
             f"| {r['env']} | {r['runners']} | {r['mode']} | {benchdoc.cell(r['throughput']['none'], '{:.0f}')} "
-            f"| {benchdoc.cell(r['ratio']['recorder'])} | {benchdoc.cell(r['ratio']['rllib'])} {ctl}"
-            f"| {benchdoc.cell(r['cpu_ratio']['recorder'])} | {benchdoc.cell(r['cpu_ratio']['rllib'])} "
+            f"| {benchdoc.cell(r['ratio']['recorder'])} | {_cell(r['ratio'], 'rllib')} {ctl}"
+            f"| {benchdoc.cell(r['cpu_ratio']['recorder'])} | {_cell(r['cpu_ratio'], 'rllib')} "
             f"| {benchdoc.cell([100 * w for w in r['writer_share']['recorder']], '{:.1f}')} "
             f"| {benchdoc.cell(r['wait_ms']['recorder'], '{:.2f}')} | {max(r['drain_s']['recorder']):.2f} "
-            f"| {disk['recorder']:.0f} | {disk['rllib']:.0f} | {r['raw_per_step']:.0f} "
+            f"| {disk['recorder']:.0f} | {disk.get('rllib', float('nan')):.0f} | {r['raw_per_step']:.0f} "
             f"| {r['raw_per_step'] / max(1e-9, disk['recorder']):.1f}x | {max(r['rss_mib']['recorder']):.0f} |"
             + alt
         )
     return "\n".join(lines)
+
+
+def _cell(values: dict[str, list[float]], variant: str) -> str:
+    return benchdoc.cell(values[variant]) if values.get(variant) else "-"
 
 
 def chart(rows: list[dict[str, Any]], path: str) -> None:
@@ -279,7 +284,7 @@ def chart(rows: list[dict[str, Any]], path: str) -> None:
     labels = [f"{r['env']}\n{r['runners']}r {r['mode'].split('_')[0]}" for r in rows]
     x = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows)), 4))
-    for i, variant in enumerate(("recorder", "rllib")):
+    for i, variant in enumerate(v for v in ("recorder", "rllib") if all(v in r["ratio"] for r in rows)):
         ax.bar(x + (i - 0.5) * 0.35, [np.median(r["ratio"][variant]) for r in rows], 0.35, label=variant)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.axhline(0.98, color="g", lw=0.8, ls="--", label="0.98 target")
@@ -308,6 +313,7 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=1.0, help="idle seconds before each timed block")
     parser.add_argument("--build-order", nargs=3, default=list(VARIANTS), choices=VARIANTS,
                         help="order in which the variants' algorithms are built (timing order rotates anyway)")
+    parser.add_argument("--no-rllib", action="store_true", help="leave RLlib's recorder out (diagnostics)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/BENCHMARKS.md alone")
     args = parser.parse_args()
 
@@ -315,7 +321,8 @@ def main() -> None:
 
     # a CPU for every env runner of every variant (each reserves one, built side by side) and one for RLlib's
     # Ray Data writes: with fewer, the rllib variant's write waits forever for a CPU the idle runners hold
-    variants = len(VARIANTS) + int(args.control) + len(args.alternative)
+    build_order = tuple(v for v in args.build_order if not (args.no_rllib and v == "rllib"))
+    variants = len(build_order) + int(args.control) + len(args.alternative)
     ray.init(address="local", num_cpus=variants * max(args.runners or [4]) + 1, include_dashboard=False,
              log_to_driver=False)
     work = tempfile.mkdtemp(prefix="bench_overhead_")
@@ -326,7 +333,7 @@ def main() -> None:
                 for mode in args.modes:
                     seconds = args.seconds or (6.0 if env == "cartpole" else 12.0)
                     print(f"{env}, {runners} runners, {mode}, {args.reps} x {seconds:.0f} s per variant", flush=True)
-                    rows.append(bench_row(env, runners, mode, args.reps, seconds, work, tuple(args.build_order),
+                    rows.append(bench_row(env, runners, mode, args.reps, seconds, work, build_order,
                                           args.warmup, args.settle, args.control, tuple(args.alternative)))
     finally:
         ray.shutdown()
