@@ -20,6 +20,7 @@ the Breakout ratios of the first runs: 1.22-1.36 "faster" with the recorder.)
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
 import shutil
 import sys
@@ -146,7 +147,7 @@ def dir_bytes(path: str) -> int:
 
 def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work: str,
               build_order: tuple[str, ...] = VARIANTS, warmup: float = 3.0, settle: float = 1.0,
-              control: bool = False, alternatives: tuple[str, ...] = ()) -> dict[str, Any]:
+              control: bool = False, alternatives: tuple[str, ...] = (), paired: bool = False) -> dict[str, Any]:
     extra = ((CONTROL,) if control else ()) + tuple(f"recorder:{a}" for a in alternatives)
     variants = tuple(v for v in VARIANTS if v in build_order) + extra
     algos = {}
@@ -172,34 +173,39 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
     for rep in range(reps):
         order = variants[rep % len(variants):] + variants[:rep % len(variants)]
         rep_tp, rep_cpu = {}, {}
-        for variant in order:
+        # sequential: one variant after another, each alone on the machine; paired (--paired): all at once in the
+        # same seconds, so that the machine's speed swings hit every variant alike
+        for block in ([order] if paired else [[v] for v in order]):
             # whatever the previous block left running (RLlib's Ray Data writes, the OS writing files back) ends
             # before this block starts, so that it is not charged to the next variant
             time.sleep(settle)
-            group = algos[variant].env_runner_group
-            recording = variant.startswith("recorder")
-            before = group.foreach_env_runner(recorder_state, local_env_runner=False) if recording else None
-            wcpu = writers_cpu(group) if recording else {}
-            parts = group.foreach_env_runner(lambda r: timed_sampling(r, seconds), local_env_runner=False)
-            if len(parts) != runners:
-                raise RuntimeError(f"{variant}: an env runner died during the timed block (see the log above)")
-            steps = sum(p["steps"] for p in parts)
-            steps_total[variant] += steps
-            rep_tp[variant] = steps / max(p["elapsed"] for p in parts)
-            cpu = sum(p["cpu"] for p in parts)
-            if recording:
-                # the writers' CPU for this block: read after the drain below, so it includes the backlog
-                drains[variant].append(max(group.foreach_env_runner(drain, local_env_runner=False)))
-                writer_s = sum(v - wcpu.get(k, 0.0) for k, v in writers_cpu(group).items())
-                writer_share[variant].append(writer_s / max(1e-9, cpu + writer_s))
-                cpu += writer_s
-            rep_cpu[variant] = 1000 * cpu / max(1, steps)
-            if recording:
-                after = group.foreach_env_runner(recorder_state, local_env_runner=False)
-                samples = sum(a["samples"] - b["samples"] for a, b in zip(after, before))
-                waits[variant].append(
-                    1000 * sum(a["wait_s"] - b["wait_s"] for a, b in zip(after, before)) / max(1, samples))
-                rss[variant].append(max(a["rss"] for a in after))
+            groups = {v: algos[v].env_runner_group for v in block}
+            begin = {v: (g.foreach_env_runner(recorder_state, local_env_runner=False), writers_cpu(g))
+                     for v, g in groups.items() if v.startswith("recorder")}
+            with concurrent.futures.ThreadPoolExecutor(len(block)) as pool:
+                futures = {v: pool.submit(g.foreach_env_runner, lambda r: timed_sampling(r, seconds),
+                                          local_env_runner=False) for v, g in groups.items()}
+                parts = {v: f.result() for v, f in futures.items()}
+            for variant, group in groups.items():
+                if len(parts[variant]) != runners:
+                    raise RuntimeError(f"{variant}: an env runner died during the timed block (see the log above)")
+                steps = sum(p["steps"] for p in parts[variant])
+                steps_total[variant] += steps
+                rep_tp[variant] = steps / max(p["elapsed"] for p in parts[variant])
+                cpu = sum(p["cpu"] for p in parts[variant])
+                if variant in begin:
+                    before, wcpu = begin[variant]
+                    # the writers' CPU for this block: read after the drain below, so it includes the backlog
+                    drains[variant].append(max(group.foreach_env_runner(drain, local_env_runner=False)))
+                    writer_s = sum(v - wcpu.get(k, 0.0) for k, v in writers_cpu(group).items())
+                    writer_share[variant].append(writer_s / max(1e-9, cpu + writer_s))
+                    cpu += writer_s
+                    after = group.foreach_env_runner(recorder_state, local_env_runner=False)
+                    samples = sum(a["samples"] - b["samples"] for a, b in zip(after, before))
+                    waits[variant].append(
+                        1000 * sum(a["wait_s"] - b["wait_s"] for a, b in zip(after, before)) / max(1, samples))
+                    rss[variant].append(max(a["rss"] for a in after))
+                rep_cpu[variant] = 1000 * cpu / max(1, steps)
         for variant in variants:
             throughput[variant].append(rep_tp[variant])
             ratio[variant].append(rep_tp[variant] / rep_tp["none"])
@@ -232,7 +238,7 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
         "env": env, "runners": runners, "mode": mode, "throughput": throughput, "ratio": ratio,
         "cpu_ratio": cpu_ratio, "writer_share": writer_share,
         "wait_ms": waits, "drain_s": drains, "rss_mib": rss, "disk_per_step": disk, "raw_per_step": raw_per_step,
-        "stored": stored, "sampled": sampled,
+        "stored": stored, "sampled": sampled, "paired": paired,
     }
 
 
@@ -313,6 +319,9 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=1.0, help="idle seconds before each timed block")
     parser.add_argument("--build-order", nargs=3, default=list(VARIANTS), choices=VARIANTS,
                         help="order in which the variants' algorithms are built (timing order rotates anyway)")
+    parser.add_argument("--paired", action="store_true",
+                        help="time the variants at once, in the same seconds (their CPU ratio then cancels the "
+                             "machine's speed swings), not one after another")
     parser.add_argument("--no-rllib", action="store_true", help="leave RLlib's recorder out (diagnostics)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/BENCHMARKS.md alone")
     args = parser.parse_args()
@@ -321,7 +330,9 @@ def main() -> None:
 
     # a CPU for every env runner of every variant (each reserves one, built side by side) and one for RLlib's
     # Ray Data writes: with fewer, the rllib variant's write waits forever for a CPU the idle runners hold
-    build_order = tuple(v for v in args.build_order if not (args.no_rllib and v == "rllib"))
+    # paired: RLlib's recorder writes through Ray Data tasks in processes of their own, whose CPU the paired
+    # accounting does not see; it is timed alone (the default) only
+    build_order = tuple(v for v in args.build_order if not ((args.no_rllib or args.paired) and v == "rllib"))
     variants = len(build_order) + int(args.control) + len(args.alternative)
     ray.init(address="local", num_cpus=variants * max(args.runners or [4]) + 1, include_dashboard=False,
              log_to_driver=False)
@@ -334,7 +345,8 @@ def main() -> None:
                     seconds = args.seconds or (6.0 if env == "cartpole" else 12.0)
                     print(f"{env}, {runners} runners, {mode}, {args.reps} x {seconds:.0f} s per variant", flush=True)
                     rows.append(bench_row(env, runners, mode, args.reps, seconds, work, build_order,
-                                          args.warmup, args.settle, args.control, tuple(args.alternative)))
+                                          args.warmup, args.settle, args.control, tuple(args.alternative),
+                                          args.paired))
     finally:
         ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)
