@@ -167,6 +167,7 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
     cpu_ratio: dict[str, list[float]] = defaultdict(list)
     # per recorder variant ("recorder" and its alternatives)
     writer_share: dict[str, list[float]] = defaultdict(list)
+    writer_in_block: dict[str, list[float]] = defaultdict(list)
     waits: dict[str, list[float]] = defaultdict(list)
     drains: dict[str, list[float]] = defaultdict(list)
     rss: dict[str, list[float]] = defaultdict(list)
@@ -195,10 +196,13 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
                 cpu = sum(p["cpu"] for p in parts[variant])
                 if variant in begin:
                     before, wcpu = begin[variant]
-                    # the writers' CPU for this block: read after the drain below, so it includes the backlog
+                    # the writers' CPU while the env runners sampled (a lower priority, writer_nice, moves some of
+                    # it after the block), and in all: read after the drain below, so it includes the backlog
+                    in_block = sum(v - wcpu.get(k, 0.0) for k, v in writers_cpu(group).items())
                     drains[variant].append(max(group.foreach_env_runner(drain, local_env_runner=False)))
                     writer_s = sum(v - wcpu.get(k, 0.0) for k, v in writers_cpu(group).items())
                     writer_share[variant].append(writer_s / max(1e-9, cpu + writer_s))
+                    writer_in_block[variant].append(in_block / max(1e-9, cpu + in_block))
                     cpu += writer_s
                     after = group.foreach_env_runner(recorder_state, local_env_runner=False)
                     samples = sum(a["samples"] - b["samples"] for a, b in zip(after, before))
@@ -213,7 +217,8 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
         print(f"  rep {rep}: " + ", ".join(f"{v} {rep_tp[v]:.0f} steps/s ({rep_tp[v] / rep_tp['none']:.3f}; "
                                           f"CPU {rep_cpu[v]:.2f} s/1k steps, {rep_cpu['none'] / rep_cpu[v]:.3f})"
                                           for v in variants)
-              + "; writer % of CPU " + ", ".join(f"{v} {100 * w[-1]:.1f}" for v, w in writer_share.items()),
+              + "; writer % of CPU (in the block) " + ", ".join(
+                  f"{v} {100 * w[-1]:.1f} ({100 * writer_in_block[v][-1]:.1f})" for v, w in writer_share.items()),
               flush=True)
     disk = {}
     for algo in algos.values():
@@ -236,7 +241,7 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
     raw_per_step = totals.get("raw_bytes", 0) / max(1, stored["recorder"])
     return {
         "env": env, "runners": runners, "mode": mode, "throughput": throughput, "ratio": ratio,
-        "cpu_ratio": cpu_ratio, "writer_share": writer_share,
+        "cpu_ratio": cpu_ratio, "writer_share": writer_share, "writer_in_block": writer_in_block,
         "wait_ms": waits, "drain_s": drains, "rss_mib": rss, "disk_per_step": disk, "raw_per_step": raw_per_step,
         "stored": stored, "sampled": sampled, "paired": paired,
     }
@@ -249,10 +254,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| env | runners | batch mode | none steps/s | recorder ratio | rllib ratio "
         + ("| control ratio (A/A) " if control else "") + "| recorder CPU ratio "
-        "| rllib CPU ratio | writer % of CPU | recorder wait ms/sample "
+        "| rllib CPU ratio | writer % of CPU | writer % while sampling | recorder wait ms/sample "
         "| drain s | bytes/step recorder | bytes/step rllib | raw bytes/step | compression | runner RSS MiB |"
-        + "".join(f" {a}: ratio; CPU ratio; writer %; wait ms; drain s |" for a in alts),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if control else "")
+        + "".join(f" {a}: ratio; CPU ratio; writer % (while sampling); wait ms; drain s |" for a in alts),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if control else "")
         + "---|" * len(alts),
     ]
     for r in rows:
@@ -260,7 +265,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         ctl = (f"| {benchdoc.cell(r['ratio'][CONTROL]) if CONTROL in r['ratio'] else ''} " if control else "")
         alt = "".join(
             f" {benchdoc.cell(r['ratio'][a])}; {benchdoc.cell(r['cpu_ratio'][a])}; "
-            f"{benchdoc.cell([100 * w for w in r['writer_share'][a]], '{:.1f}')}; "
+            f"{benchdoc.cell([100 * w for w in r['writer_share'][a]], '{:.1f}')} "
+            f"({benchdoc.cell([100 * w for w in r['writer_in_block'][a]], '{:.1f}')}); "
             f"{benchdoc.cell(r['wait_ms'][a], '{:.2f}')}; {max(r['drain_s'][a]):.2f} |"
             if a in r["ratio"] else " |" for a in alts)
         lines.append(
@@ -268,6 +274,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {benchdoc.cell(r['ratio']['recorder'])} | {_cell(r['ratio'], 'rllib')} {ctl}"
             f"| {benchdoc.cell(r['cpu_ratio']['recorder'])} | {_cell(r['cpu_ratio'], 'rllib')} "
             f"| {benchdoc.cell([100 * w for w in r['writer_share']['recorder']], '{:.1f}')} "
+            f"| {benchdoc.cell([100 * w for w in r['writer_in_block']['recorder']], '{:.1f}')} "
             f"| {benchdoc.cell(r['wait_ms']['recorder'], '{:.2f}')} | {max(r['drain_s']['recorder']):.2f} "
             f"| {disk['recorder']:.0f} | {disk.get('rllib', float('nan')):.0f} | {r['raw_per_step']:.0f} "
             f"| {r['raw_per_step'] / max(1e-9, disk['recorder']):.1f}x | {max(r['rss_mib']['recorder']):.0f} |"
@@ -365,8 +372,9 @@ Ratios: env-runner sampling throughput (env steps/s, learner excluded) over no r
 {"Control ratio (A/A, `--control`): a second config without recording, timed like the others, over no recording: what noise alone gives." + chr(10) if args.control else ""}CPU ratios: CPU seconds per env step of no recording over the variant's, same repetition, counting the env
 runners' processes and, for the recorder, its writer actors' (`writer % of CPU`: their share): the throughput
 ratio a CPU-bound machine would see, from CPU time instead of wall time (on this machine it is about as noisy:
-the CPU time one step takes varies too).
-`wait ms/sample`: time the sampler waited for the recorder's window per `on_sample_end`. `drain s`: after a timed
+the CPU time one step takes varies too). `writer % while sampling`: the writers' share counting only the CPU
+they got during the timed block; the rest went to the drain after it (writers run at `writer_nice`).
+{"Paired (`--paired`): the variants sampled at once, in the same seconds; RLlib's recorder left out." + chr(10) if args.paired else ""}`wait ms/sample`: time the sampler waited for the recorder's window per `on_sample_end`. `drain s`: after a timed
 block, the time until every held and in-flight chunk was acknowledged (the writers' backlog). `raw bytes/step`:
 the recorded arrays before compression. Chart: `docs/bench_overhead.png`.
 
