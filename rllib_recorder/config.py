@@ -12,6 +12,7 @@ from rllib_recorder.errors import ConfigError, OutputDirError
 
 BACKPRESSURE_POLICIES = ("block", "drop")
 COMPRESSIONS = ("gzip", "lzf", "none")
+WRITER_PRIORITIES = ("idle", "low", "normal")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,11 +57,12 @@ class RecorderConfig:
         drain_timeout_s: How long stopping the algorithm waits for writers to
             acknowledge the last chunks.
         writer_max_restarts: Ray restarts of a crashed writer actor (-1: unlimited).
-        writer_nice: CPU priority of the writer actors' processes, as a Unix nice value
-            (0-19, higher yields more): on a machine whose CPUs the env runners and
-            learners keep busy, the writers then work in the moments those leave, and the
-            window (``max_in_flight``) bounds how far they may fall behind. ``0`` runs
-            them at the priority of every other Ray worker.
+        writer_priority: CPU scheduling of the writer actors' processes. ``"idle"``
+            (Linux ``SCHED_IDLE``): a writer gets a CPU only when nothing else wants it,
+            so on a machine whose CPUs the env runners and learners keep busy it works in
+            the moments they leave, at most ``max_in_flight`` chunks behind each env
+            runner (then the sampler waits, counted). ``"low"``: nice 19. ``"normal"``:
+            the priority of every other Ray worker.
     """
 
     output_dir: str = "recordings"
@@ -83,7 +85,7 @@ class RecorderConfig:
     fsync: bool = False
     drain_timeout_s: float = 120.0
     writer_max_restarts: int = -1
-    writer_nice: int = 19
+    writer_priority: str = "idle"
 
     def __post_init__(self) -> None:
         _check_type(self)
@@ -94,9 +96,9 @@ class RecorderConfig:
         _check_int(self, "compression_level", 0, "gzip levels are 0-9", high=9)
         _check_int(self, "hdf5_chunk_bytes", 1024, "use at least 1024 bytes per HDF5 chunk")
         _check_int(self, "writer_max_restarts", -1, "use -1 for unlimited restarts")
-        _check_int(self, "writer_nice", 0, "use a nice value from 0 (normal priority) to 19 (lowest)", high=19)
         _check_choice(self, "backpressure", BACKPRESSURE_POLICIES)
         _check_choice(self, "compression", COMPRESSIONS)
+        _check_choice(self, "writer_priority", WRITER_PRIORITIES)
         if self.coalesce_s < 0:
             _fail("coalesce_s", self.coalesce_s, "use a number of seconds >= 0")
         if self.drain_timeout_s <= 0:

@@ -47,13 +47,14 @@ def chunk_pieces(chunk: Chunk, limit: int = INLINE_CHUNK_BYTES) -> list[memoryvi
     return [view[i:i + PIECE_BYTES] for i in range(0, len(data), PIECE_BYTES)]
 
 
-def set_process_nice(nice: int) -> None:
-    """Lowers this process's CPU priority to Unix nice value ``nice`` (never raises it back).
+def lower_priority(priority: str) -> None:
+    """Lowers this process's CPU scheduling: ``"idle"`` (``SCHED_IDLE``), ``"low"`` (nice 19) or ``"normal"``.
 
-    Linux keeps a nice value per thread, and a thread starts with its creator's: Ray's core worker
-    threads exist before an actor's ``__init__`` runs, so each thread is set, not only the caller.
+    Linux schedules threads, each with its own policy and nice value, and a thread starts with its
+    creator's: Ray's core worker threads exist before an actor's ``__init__`` runs, so each thread is set,
+    not only the caller. Where a setting is unavailable (not Linux) the next lower one is tried.
     """
-    if nice <= 0 or not hasattr(os, "setpriority"):
+    if priority == "normal" or not hasattr(os, "setpriority"):
         return
     try:
         threads = [int(t) for t in os.listdir("/proc/self/task")]
@@ -61,21 +62,23 @@ def set_process_nice(nice: int) -> None:
         threads = [0]
     for tid in threads:
         try:
-            if os.getpriority(os.PRIO_PROCESS, tid) < nice:
-                os.setpriority(os.PRIO_PROCESS, tid, nice)
+            if priority == "idle" and hasattr(os, "sched_setscheduler"):
+                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+            elif os.getpriority(os.PRIO_PROCESS, tid) < 19:
+                os.setpriority(os.PRIO_PROCESS, tid, 19)
         except OSError:  # a thread that ended meanwhile: a writer never fails for its priority
             pass
 
 
 class WriterActor(RecordingWriter):
-    """RecordingWriter as the pool runs it: in a Ray actor process of its own, at CPU priority ``nice``.
+    """RecordingWriter as the pool runs it: in a Ray actor process of its own, at CPU priority ``priority``.
 
     Set in ``__init__``, so a writer Ray restarts after a crash gets it again.
     """
 
     def __init__(self, run_dir: str, run_id: str, storage: schema.StorageOptions, file_tag: str = "",
-                 nice: int = 0) -> None:
-        set_process_nice(nice)
+                 priority: str = "normal") -> None:
+        lower_priority(priority)
         super().__init__(run_dir, run_id, storage, file_tag)
 
 
@@ -184,7 +187,7 @@ class WriterPool:
                     # soft only for a node already gone: its runners are gone too
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=node_id not in alive),
                 ).remote(self.run_dir, self.run_id, storage_options(self.config), schema.node_tag(index),
-                         self.config.writer_nice))
+                         self.config.writer_priority))
         return True
 
     def node_writers(self) -> dict[str, tuple[str, ...]]:

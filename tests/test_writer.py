@@ -369,7 +369,7 @@ def test_an_older_files_variable_length_commit_is_read_and_replaced_on_the_next_
         np.testing.assert_array_equal(h5["agents/default_agent/steps/obs"][:, 0], [0, 1, 2, 10, 11])
 
 
-def test_chunks_reach_a_niced_writer_actor_inside_the_call_or_through_the_object_store_and_are_stored_alike(
+def test_chunks_reach_an_idle_priority_writer_actor_inside_the_call_or_through_the_object_store_and_are_stored_alike(
         ray_session, tmp_path):
     # Small chunks travel pickled, in pieces Ray carries inside the actor call (pool.chunk_pieces); big ones as
     # they are, through the object store. Both end up as the same rows.
@@ -385,12 +385,12 @@ def test_chunks_reach_a_niced_writer_actor_inside_the_call_or_through_the_object
     assert pieces is not None and len(pieces) == 2 and all(len(p) <= PIECE_BYTES for p in pieces)
     assert big.nbytes > INLINE_CHUNK_BYTES and chunk_pieces(big) is None
     actor = ray.remote(WriterActor).options(num_cpus=0).remote(str(tmp_path), "run-1", schema.StorageOptions(), "",
-                                                               19)
+                                                               "idle")
     try:
-        # the pool's writers run at the nice value they were given (writer_nice), every thread of the process
-        nice = ray.get(actor.__ray_call__.remote(
-            lambda self: [os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir("/proc/self/task")]))
-        assert len(nice) > 1 and set(nice) == {19}
+        # the pool's writers run at the priority they were given (writer_priority), every thread of the process
+        policies = ray.get(actor.__ray_call__.remote(
+            lambda self: [os.sched_getscheduler(int(t)) for t in os.listdir("/proc/self/task")]))
+        assert len(policies) > 1 and set(policies) == {os.SCHED_IDLE}
         acks = [ray.get(actor.append_pieces.remote(1, False, b"s" * 32, 0, None, *pieces)),
                 ray.get(actor.append.remote(1, False, b"s" * 32, 1, big, None))]
         with pytest.raises(ray.exceptions.RayTaskError, match="append_pieces got a dict, not a Chunk"):
