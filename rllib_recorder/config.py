@@ -12,7 +12,6 @@ from rllib_recorder.errors import ConfigError, OutputDirError
 
 BACKPRESSURE_POLICIES = ("block", "drop")
 COMPRESSIONS = ("gzip", "lzf", "none")
-WRITER_PRIORITIES = ("idle", "low", "normal")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,12 +56,6 @@ class RecorderConfig:
         drain_timeout_s: How long stopping the algorithm waits for writers to
             acknowledge the last chunks.
         writer_max_restarts: Ray restarts of a crashed writer actor (-1: unlimited).
-        writer_priority: CPU scheduling of the writer actors' processes. ``"idle"``
-            (Linux ``SCHED_IDLE``): a writer gets a CPU only when nothing else wants it,
-            so on a machine whose CPUs the env runners and learners keep busy it works in
-            the moments they leave, at most ``max_in_flight`` chunks behind each env
-            runner (then the sampler waits, counted). ``"low"``: nice 19. ``"normal"``:
-            the priority of every other Ray worker.
     """
 
     output_dir: str = "recordings"
@@ -85,7 +78,6 @@ class RecorderConfig:
     fsync: bool = False
     drain_timeout_s: float = 120.0
     writer_max_restarts: int = -1
-    writer_priority: str = "idle"
 
     def __post_init__(self) -> None:
         _check_type(self)
@@ -98,7 +90,6 @@ class RecorderConfig:
         _check_int(self, "writer_max_restarts", -1, "use -1 for unlimited restarts")
         _check_choice(self, "backpressure", BACKPRESSURE_POLICIES)
         _check_choice(self, "compression", COMPRESSIONS)
-        _check_choice(self, "writer_priority", WRITER_PRIORITIES)
         if self.coalesce_s < 0:
             _fail("coalesce_s", self.coalesce_s, "use a number of seconds >= 0")
         if self.drain_timeout_s <= 0:

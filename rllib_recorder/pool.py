@@ -47,41 +47,6 @@ def chunk_pieces(chunk: Chunk, limit: int = INLINE_CHUNK_BYTES) -> list[memoryvi
     return [view[i:i + PIECE_BYTES] for i in range(0, len(data), PIECE_BYTES)]
 
 
-def lower_priority(priority: str) -> None:
-    """Lowers this process's CPU scheduling: ``"idle"`` (``SCHED_IDLE``), ``"low"`` (nice 19) or ``"normal"``.
-
-    Linux schedules threads, each with its own policy and nice value, and a thread starts with its
-    creator's: Ray's core worker threads exist before an actor's ``__init__`` runs, so each thread is set,
-    not only the caller. Where a setting is unavailable (not Linux) the next lower one is tried.
-    """
-    if priority == "normal" or not hasattr(os, "setpriority"):
-        return
-    try:
-        threads = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:  # not Linux: 0 is the process, all its threads
-        threads = [0]
-    for tid in threads:
-        try:
-            if priority == "idle" and hasattr(os, "sched_setscheduler"):
-                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-            elif os.getpriority(os.PRIO_PROCESS, tid) < 19:
-                os.setpriority(os.PRIO_PROCESS, tid, 19)
-        except OSError:  # a thread that ended meanwhile: a writer never fails for its priority
-            pass
-
-
-class WriterActor(RecordingWriter):
-    """RecordingWriter as the pool runs it: in a Ray actor process of its own, at CPU priority ``priority``.
-
-    Set in ``__init__``, so a writer Ray restarts after a crash gets it again.
-    """
-
-    def __init__(self, run_dir: str, run_id: str, storage: schema.StorageOptions, file_tag: str = "",
-                 priority: str = "normal") -> None:
-        lower_priority(priority)
-        super().__init__(run_dir, run_id, storage, file_tag)
-
-
 def writer_name(run_id: str, index: int, node_index: int = 0) -> str:
     """The Ray actor name of writer ``index`` on node ``node_index`` (0: the driver's node) of run ``run_id``."""
     return f"rllib_recorder:{run_id}:node-{node_index}:writer-{index}"
@@ -172,7 +137,7 @@ class WriterPool:
         if not new:
             return False
         alive = alive_nodes()
-        actor_cls = ray.remote(WriterActor)
+        actor_cls = ray.remote(RecordingWriter)
         for node_id in new:
             index = len(self.node_index)
             self.node_index[node_id] = index
@@ -186,8 +151,7 @@ class WriterPool:
                     max_task_retries=0, max_concurrency=1,
                     # soft only for a node already gone: its runners are gone too
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=node_id not in alive),
-                ).remote(self.run_dir, self.run_id, storage_options(self.config), schema.node_tag(index),
-                         self.config.writer_priority))
+                ).remote(self.run_dir, self.run_id, storage_options(self.config), schema.node_tag(index)))
         return True
 
     def node_writers(self) -> dict[str, tuple[str, ...]]:

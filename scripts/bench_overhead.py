@@ -196,8 +196,9 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
                 cpu = sum(p["cpu"] for p in parts[variant])
                 if variant in begin:
                     before, wcpu = begin[variant]
-                    # the writers' CPU while the env runners sampled (a lower priority, writer_priority, moves some
-                    # it after the block), and in all: read after the drain below, so it includes the backlog
+                    # the writers' CPU while the env runners sampled, and in all: read after the drain below, so it
+                    # includes the backlog (their work goes on during sampling: a lower CPU priority for the writers,
+                    # nice 19 or SCHED_IDLE, moved none of it after the block)
                     in_block = sum(v - wcpu.get(k, 0.0) for k, v in writers_cpu(group).items())
                     drains[variant].append(max(group.foreach_env_runner(drain, local_env_runner=False)))
                     writer_s = sum(v - wcpu.get(k, 0.0) for k, v in writers_cpu(group).items())
@@ -322,7 +323,7 @@ def main() -> None:
     parser.add_argument("--control", action="store_true",
                         help="also time a second plain config (A/A: the noise floor of the ratios)")
     parser.add_argument("--alternative", nargs="+", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
-                        help="also time the recorder with these settings, one variant each (e.g. writer_priority=normal)")
+                        help="also time the recorder with these settings, one variant each (e.g. coalesce_s=4)")
     parser.add_argument("--settle", type=float, default=1.0, help="idle seconds before each timed block")
     parser.add_argument("--build-order", nargs=3, default=list(VARIANTS), choices=VARIANTS,
                         help="order in which the variants' algorithms are built (timing order rotates anyway)")
@@ -373,7 +374,7 @@ Ratios: env-runner sampling throughput (env steps/s, learner excluded) over no r
 runners' processes and, for the recorder, its writer actors' (`writer % of CPU`: their share): the throughput
 ratio a CPU-bound machine would see, from CPU time instead of wall time (on this machine it is about as noisy:
 the CPU time one step takes varies too). `writer % while sampling`: the writers' share counting only the CPU
-they got during the timed block; the rest went to the drain after it (writers run at `writer_priority`).
+they got during the timed block; the rest went to the drain after it.
 {"Paired (`--paired`): the variants sampled at once, in the same seconds; RLlib's recorder left out." + chr(10) if args.paired else ""}`wait ms/sample`: time the sampler waited for the recorder's window per `on_sample_end`. `drain s`: after a timed
 block, the time until every held and in-flight chunk was acknowledged (the writers' backlog). `raw bytes/step`:
 the recorded arrays before compression. Chart: `docs/bench_overhead.png`.

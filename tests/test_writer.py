@@ -1,7 +1,6 @@
 """The plain writer class against real HDF5 files in a temp dir (no Ray)."""
 
 import json
-import os
 
 import h5py
 import numpy as np
@@ -369,7 +368,7 @@ def test_an_older_files_variable_length_commit_is_read_and_replaced_on_the_next_
         np.testing.assert_array_equal(h5["agents/default_agent/steps/obs"][:, 0], [0, 1, 2, 10, 11])
 
 
-def test_chunks_reach_an_idle_priority_writer_actor_inside_the_call_or_through_the_object_store_and_are_stored_alike(
+def test_chunks_reach_a_writer_actor_inside_the_call_or_through_the_object_store_and_are_stored_alike(
         ray_session, tmp_path):
     # Small chunks travel pickled, in pieces Ray carries inside the actor call (pool.chunk_pieces); big ones as
     # they are, through the object store. Both end up as the same rows.
@@ -377,20 +376,15 @@ def test_chunks_reach_an_idle_priority_writer_actor_inside_the_call_or_through_t
 
     import ray
 
-    from rllib_recorder.pool import INLINE_CHUNK_BYTES, PIECE_BYTES, WriterActor, chunk_pieces
+    from rllib_recorder.pool import INLINE_CHUNK_BYTES, PIECE_BYTES, chunk_pieces
 
     small = episodes_to_chunk([make_episode(2000, eps_id="a")])
     big = episodes_to_chunk([make_episode(15000, t_started=2000, eps_id="a")])
     pieces = chunk_pieces(small)
     assert pieces is not None and len(pieces) == 2 and all(len(p) <= PIECE_BYTES for p in pieces)
     assert big.nbytes > INLINE_CHUNK_BYTES and chunk_pieces(big) is None
-    actor = ray.remote(WriterActor).options(num_cpus=0).remote(str(tmp_path), "run-1", schema.StorageOptions(), "",
-                                                               "idle")
+    actor = ray.remote(RecordingWriter).options(num_cpus=0).remote(str(tmp_path), "run-1", schema.StorageOptions())
     try:
-        # the pool's writers run at the priority they were given (writer_priority), every thread of the process
-        policies = ray.get(actor.__ray_call__.remote(
-            lambda self: [os.sched_getscheduler(int(t)) for t in os.listdir("/proc/self/task")]))
-        assert len(policies) > 1 and set(policies) == {os.SCHED_IDLE}
         acks = [ray.get(actor.append_pieces.remote(1, False, b"s" * 32, 0, None, *pieces)),
                 ray.get(actor.append.remote(1, False, b"s" * 32, 1, big, None))]
         with pytest.raises(ray.exceptions.RayTaskError, match="append_pieces got a dict, not a Chunk"):
