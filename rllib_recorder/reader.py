@@ -111,6 +111,19 @@ class WorkerFile:
             schema.validate_header(self._h5, self.path)
         return self._h5
 
+    def _node(self, path: str) -> Any:
+        """``self.h5[path]``; damage HDF5 meets on the way is a one-line SchemaError, a missing path a KeyError."""
+        try:
+            return self.h5[path]
+        except KeyError as e:
+            if "doesn't exist" in str(e):
+                raise
+            error: Exception = e
+        except (OSError, RuntimeError, ValueError) as e:
+            error = e
+        raise SchemaError(f"{self.path} is damaged: {path} is unreadable ({str(error).strip()}); run "
+                          "'rllib-recorder recover', or move the file out of the run directory") from None
+
     @property
     def worker_index(self) -> int:
         return int(self.h5.attrs["worker_index"])
@@ -125,16 +138,16 @@ class WorkerFile:
 
     @property
     def agents(self) -> list[str]:
-        return sorted(self.h5["agents"].keys())
+        return sorted(self._node("agents").keys())
 
     def _batches(self) -> dict[str, np.ndarray]:
         """The batch index: one row per stored chunk."""
         n = self.commit["batches"]
-        return {k: v[:n] for k, v in self.h5["batches"].items()}
+        return {k: v[:n] for k, v in self._node("batches").items()}
 
     def _fragments(self, agent: str) -> dict[str, np.ndarray]:
         """The episode index of ``agent`` (scalar columns; one row per fragment)."""
-        group = self.h5[f"agents/{agent}/fragments"]
+        group = self._node(f"agents/{agent}/fragments")
         n = self.commit["agents"].get(agent, (0, 0))[1]
         return {k: v[:n] for k, v in group.items() if isinstance(v, h5py.Dataset) and v.ndim == 1
                 and not k.startswith("last_") and k not in ("infos", "start_state")}
@@ -146,7 +159,7 @@ class WorkerFile:
     def column_paths(self, agent: str) -> list[str]:
         """Paths of ``agent``'s step columns (``obs``, ``obs/pos``, ``actions``, ``extra_model_outputs/vf_preds``)."""
         paths: list[str] = []
-        self.h5[f"agents/{agent}/steps"].visititems(
+        self._node(f"agents/{agent}/steps").visititems(
             lambda path, node: paths.append(path) if isinstance(node, h5py.Dataset) else None)
         return paths
 
@@ -163,7 +176,7 @@ class WorkerFile:
                 mine = batch == row
                 if mine.any():
                     rows = slice(int(first[mine].min()), int(end[mine].max()))
-                    group = self.h5[f"agents/{agent}/steps"]
+                    group = self._node(f"agents/{agent}/steps")
                     steps[agent] = {k: _read(group[k], rows) for k in group}
             info = {k: (v[row].decode() if isinstance(v[row], bytes) else v[row].item()) for k, v in index.items()}
             yield Batch(self.worker_index, self.is_evaluation, row, info, steps)
@@ -186,7 +199,7 @@ class WorkerFile:
 
     def column(self, agent: str, path: str, rows: slice = slice(None)) -> Any:
         """One step column of ``agent`` (nested spaces come back as dicts/tuples)."""
-        return _read(self.h5[f"agents/{agent}/steps/{path}"], rows)
+        return _read(self._node(f"agents/{agent}/steps/{path}"), rows)
 
     def episode_ids(self, agent: str | None = None) -> list[str]:
         agents = [agent] if agent else self.agents
@@ -203,12 +216,12 @@ class WorkerFile:
         if not len(where):
             raise KeyError(f"episode {eps_id!r} of agent {agent!r} is not in {self.path}")
         where = where[np.argsort(frags["t_start"][where], kind="stable")]
-        steps = self.h5[f"agents/{agent}/steps"]
+        steps = self._node(f"agents/{agent}/steps")
         pieces = [slice(int(frags["first_row"][i]), int(frags["first_row"][i] + frags["num_rows"][i])) for i in where]
         read = lambda path: _concat([_read(steps[path], s) for s in pieces])  # noqa: E731
         last = where[-1]
         obs = read("obs")
-        frag_group = self.h5[f"agents/{agent}/fragments"]
+        frag_group = self._node(f"agents/{agent}/fragments")
         if frags["has_last_obs"][last]:
             obs = _concat([obs, _read(frag_group["last_obs"], slice(int(last), int(last) + 1))])
         extras = {k: read(f"extra_model_outputs/{k}") for k in steps.get("extra_model_outputs", {})}
@@ -223,7 +236,7 @@ class WorkerFile:
             kind = frag_group["start_state_kind"][where[0]].decode()
             state = frag_group["start_state"][where[0]].tobytes() if kind else b""
         versions = read("weights_seq_no")
-        learner = self.h5["batches"].get("learner_version")  # only the column needed, not the whole index
+        learner = self._node("batches").get("learner_version")  # only the column needed, not the whole index
         learner_rows = (np.concatenate([np.full(int(frags["num_rows"][i]), learner[int(frags["batch"][i])], np.int64)
                                         for i in where]) if learner is not None else np.full(len(versions), -1))
         return Episode(

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
@@ -103,6 +104,16 @@ ENCODING_ATTRS = {
 # this bounds the work an append does beyond its own rows: 4096 cost 7.7 ms of writer CPU per 600-row CartPole
 # append, 1024 4.9 ms, for 3% more bytes (docs/BENCHMARKS.md, 'Writer: cost of one append').
 MAX_CHUNK_ROWS = 1024
+# Index tables (/batches: one row per append; fragments: one per episode fragment) get a few rows per append, and
+# compressing their partial chunks on every flush was 40% of a CartPole append's writer CPU (3.2 -> 1.9 ms per
+# 600-row append; docs/BENCHMARKS.md): their columns of small rows are stored without a filter, in chunks of
+# INDEX_CHUNK_ROWS rows, which bounds the space an unfiltered chunk holds before it fills.
+INDEX_CHUNK_ROWS = 256
+INDEX_PLAIN_ROW_BYTES = 64
+# A step column is compressed unless its first rows compress less than this (CartPole's float32 observations and
+# log-probs: 1.1x): deflate then costs CPU on every flush for almost no bytes.
+MIN_COMPRESSION_RATIO = 1.25
+TRIAL_BYTES = 4096  # fewer first rows than this: compressed without a trial
 # HDF5 chunk cache of each column of a file open for appending. The writer keeps its columns
 # open, so only the partial last chunk of each needs to stay cached (a chunk is at most
 # hdf5_chunk_bytes, 64 KiB by default); HDF5's default, 1 MiB per column, would let a file of
@@ -706,7 +717,12 @@ def _create_column(
     row_bytes = max(1, int(np.prod(values.shape[1:], dtype=np.int64)) * (8 if values.dtype == object else dtype.itemsize))
     chunk_rows = int(min(max(1, options.hdf5_chunk_bytes // row_bytes), MAX_CHUNK_ROWS))
     filters: dict[str, Any] = {}
-    if options.compression == "gzip":
+    index = group.name == "/batches" or group.name.endswith("/fragments")
+    if index and row_bytes < INDEX_PLAIN_ROW_BYTES:
+        chunk_rows = min(chunk_rows, INDEX_CHUNK_ROWS)
+    elif encoding is None and not _compresses(values, options):
+        pass
+    elif options.compression == "gzip":
         filters = {"compression": "gzip", "compression_opts": options.compression_level,
                    "shuffle": values.dtype != object and dtype.itemsize > 1}
     elif options.compression == "lzf":
@@ -717,6 +733,17 @@ def _create_column(
     )
     if encoding:
         dataset.attrs.update({"encoding": "affine_uint8", "scale": encoding[0], "offset": encoding[1]})
+
+
+def _compresses(values: np.ndarray, options: StorageOptions) -> bool:
+    """Whether a new column's first rows compress at least MIN_COMPRESSION_RATIO with the configured filter
+    (byte-shuffled like HDF5's shuffle filter; gzip's level, or zlib level 1 for lzf); True if too few to tell."""
+    if options.compression == "none" or values.dtype == object or values.nbytes < TRIAL_BYTES:
+        return True
+    data = np.ascontiguousarray(values)
+    raw = data.view(np.uint8).reshape(-1, data.dtype.itemsize).T.tobytes() if data.dtype.itemsize > 1 else data.tobytes()
+    level = options.compression_level if options.compression == "gzip" else 1
+    return len(raw) >= MIN_COMPRESSION_RATIO * len(zlib.compress(raw, level))
 
 
 def _finish_float_rewrites(h5: h5py.File) -> None:

@@ -263,13 +263,13 @@ def test_damaged_files_give_one_line_errors_never_tracebacks(undamaged_run, tmp_
 
 
 def test_a_file_hdf5_loops_on_gives_a_one_line_error_not_a_hang(undamaged_run, tmp_path, monkeypatch):
-    """64 zero bytes at offset 1024 of the worker file damage its chunk index so that HDF5 loops forever
+    """64 zero bytes at offset 2048 of the worker file damage its chunk index so that HDF5 loops forever
     (checked below with probing off); every command and the reader answer with a one-line error instead."""
     run_dir = str(tmp_path / "run")
     shutil.copytree(undamaged_run, run_dir)
     path = os.path.join(run_dir, "worker-001.h5")
     with open(path, "r+b") as f:
-        f.seek(1024)
+        f.seek(2048)
         f.write(bytes(64))
     env = {**os.environ, "RLLIB_RECORDER_PROBE": "0"}
     with pytest.raises(subprocess.TimeoutExpired):  # the damage is real: unprobed, HDF5 never returns
@@ -287,4 +287,4 @@ def test_a_file_hdf5_loops_on_gives_a_one_line_error_not_a_hang(undamaged_run, t
     with pytest.raises(RecorderError, match="made no progress reading its structure for 3 s"):
         with open_run(run_dir) as run:
             sum(len(e) for e in run.episodes())
-    assert open(path, "rb").read(1088)[1024:] == bytes(64)  # nothing rewrote or removed the file
+    assert open(path, "rb").read(2112)[2048:] == bytes(64)  # nothing rewrote or removed the file
