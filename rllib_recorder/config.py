@@ -33,7 +33,8 @@ class RecorderConfig:
             ``0`` sends every sample at once.
         coalesce_s: Held rows are sent at the latest after this many seconds.
         coalesce_bytes: ... or once the held arrays reach this many bytes (images).
-        compression: HDF5 filter for step columns: ``gzip``, ``lzf`` or ``none``.
+        compression: HDF5 filter for step columns: ``gzip``, ``lzf`` or ``none`` (a column
+            whose first rows compress less than 1.25x is stored unfiltered).
         compression_level: gzip level, 0-9.
         hdf5_chunk_bytes: Target size of one HDF5 chunk of a column (at most 1024 rows).
         encode_uint8: Store float32 image columns that hold exact uint8 values scaled

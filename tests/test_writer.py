@@ -400,3 +400,41 @@ def test_chunks_reach_a_writer_actor_inside_the_call_or_through_the_object_store
         np.testing.assert_array_equal(steps["t"][()], t)
         np.testing.assert_array_equal(steps["actions"][()], t % 2)
         assert json.loads(h5.attrs["commit"]) == {"batches": 2, "agents": {"default_agent": [17_000, 2]}}
+
+
+def test_columns_are_compressed_where_it_pays_and_read_back_value_by_value(tmp_path):
+    """Index tables' small columns are unfiltered (256-row chunks); a step column is gzip unless its first rows
+    compress less than 1.25x (noise-like float32 observations); images and scalars with structure are gzip."""
+    from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+
+    rng = np.random.default_rng(0)
+    n = 600
+    obs = rng.standard_normal((n + 1, 4)).astype(np.float32)  # incompressible: 1.1x, as CartPole's
+    episode = SingleAgentEpisode(
+        id_="noise", observations=list(obs), actions=[t % 2 for t in range(n)], rewards=[1.0] * n,
+        extra_model_outputs={"weights_seq_no": [0] * n}, len_lookback_buffer=0,
+    )
+    episode.to_numpy()
+    codes = rng.integers(0, 4, size=(3, 21, 21, 4)).astype(np.uint8).repeat(4, axis=1).repeat(4, axis=2)[:, :84, :84]
+    frames, values = image_episode(codes, "frames")
+    writer = _writer(tmp_path)
+    writer.append(1, False, b"s" * 32, 0, episodes_to_chunk([episode]))
+    writer.append(2, False, b"s" * 32, 0, episodes_to_chunk([frames]))
+    writer.close()
+    with h5py.File(tmp_path / "worker-001.h5", "r") as h5:
+        steps, frags = h5["agents/default_agent/steps"], h5["agents/default_agent/fragments"]
+        assert steps["obs"].compression is None and steps["t"].compression == "gzip"
+        assert steps["rewards"].compression == "gzip"
+        for table in (h5["batches"], frags):
+            for name, column in table.items():
+                if column.dtype.itemsize < schema.INDEX_PLAIN_ROW_BYTES and column.ndim == 1:
+                    assert column.compression is None and column.chunks[0] <= schema.INDEX_CHUNK_ROWS, name
+        np.testing.assert_array_equal(steps["obs"][()], obs[:-1])
+        np.testing.assert_array_equal(frags["last_obs"][0], obs[-1])
+        np.testing.assert_array_equal(steps["t"][()], np.arange(n))
+    with h5py.File(tmp_path / "worker-002.h5", "r") as h5:
+        column = h5["agents/default_agent/steps/obs"]
+        assert column.compression == "gzip" and column.dtype == np.uint8
+        np.testing.assert_array_equal(schema.decode_uint8(column, column[()]), values[:-1])
+        last = h5["agents/default_agent/fragments/last_obs"]
+        assert last.compression == "gzip"  # a row of 84x84x4 bytes: compressed like a step column
