@@ -105,7 +105,7 @@ ENCODING_ATTRS = {
 # append, 1024 4.9 ms, for 3% more bytes (docs/BENCHMARKS.md, 'Writer: cost of one append').
 MAX_CHUNK_ROWS = 1024
 # Index tables (/batches: one row per append; fragments: one per episode fragment) get a few rows per append, and
-# compressing their partial chunks on every flush was 40% of a CartPole append's writer CPU (3.2 -> 1.9 ms per
+# compressing their partial chunks on every flush was half of a CartPole append's writer CPU (3.99 -> 1.97 ms per
 # 600-row append; docs/BENCHMARKS.md): their columns of small rows are stored without a filter, in chunks of
 # INDEX_CHUNK_ROWS rows, which bounds the space an unfiltered chunk holds before it fills.
 INDEX_CHUNK_ROWS = 256
