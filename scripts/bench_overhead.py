@@ -15,6 +15,9 @@ the Breakout ratios of the first runs: 1.22-1.36 "faster" with the recorder.)
 
     python scripts/bench_overhead.py                       # everything below, writes docs/BENCHMARKS.md + PNG
     python scripts/bench_overhead.py --env cartpole --runners 1 --modes truncate_episodes --reps 2 --seconds 3 --no-write
+    # diagnostics: an A/A control, recorder settings side by side, all variants sampling in the same seconds
+    python scripts/bench_overhead.py --env cartpole --runners 4 --modes truncate_episodes --no-write --no-rllib \
+        --control --alternative coalesce_s=4 compression=none [--paired]
 """
 
 from __future__ import annotations
