@@ -718,15 +718,14 @@ def _create_column(
     chunk_rows = int(min(max(1, options.hdf5_chunk_bytes // row_bytes), MAX_CHUNK_ROWS))
     filters: dict[str, Any] = {}
     index = group.name == "/batches" or group.name.endswith("/fragments")
-    if index and row_bytes < INDEX_PLAIN_ROW_BYTES:
+    if index and row_bytes < INDEX_PLAIN_ROW_BYTES:  # unfiltered, in smaller chunks
         chunk_rows = min(chunk_rows, INDEX_CHUNK_ROWS)
-    elif encoding is None and not _compresses(values, options):
-        pass
-    elif options.compression == "gzip":
-        filters = {"compression": "gzip", "compression_opts": options.compression_level,
-                   "shuffle": values.dtype != object and dtype.itemsize > 1}
-    elif options.compression == "lzf":
-        filters = {"compression": "lzf"}
+    elif encoding is not None or _compresses(values, options):  # codes of images always compress
+        if options.compression == "gzip":
+            filters = {"compression": "gzip", "compression_opts": options.compression_level,
+                       "shuffle": values.dtype != object and dtype.itemsize > 1}
+        elif options.compression == "lzf":
+            filters = {"compression": "lzf"}
     dataset = group.create_dataset(
         path, shape=(0,) + values.shape[1:], maxshape=(None,) + values.shape[1:],
         dtype=dtype, chunks=(chunk_rows,) + values.shape[1:], **filters,

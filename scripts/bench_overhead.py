@@ -247,7 +247,7 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
         "env": env, "runners": runners, "mode": mode, "throughput": throughput, "ratio": ratio,
         "cpu_ratio": cpu_ratio, "writer_share": writer_share, "writer_in_block": writer_in_block,
         "wait_ms": waits, "drain_s": drains, "rss_mib": rss, "disk_per_step": disk, "raw_per_step": raw_per_step,
-        "stored": stored, "sampled": sampled, "paired": paired,
+        "stored": stored, "sampled": sampled,
     }
 
 
