@@ -44,6 +44,13 @@ class RecorderConfig:
             codes (a quarter of the bytes through Ray's object store); a chunk that is not
             exact is sent as float32 and turns the column back into float32. ``False``
             stores floats as they are.
+        stack_frames: Store observations that stack the latest K frames on their last axis
+            (RLlib's Atari wrappers: 84x84x4), each row repeating K - 1 frames of the row
+            before, as each row's newest frame plus the older frames of each fragment's first
+            row: a quarter of the bytes to send, compress and store. Checked on every chunk in
+            the env runner; a column whose rows do not repeat their frames is stored as full
+            stacks. The reader rebuilds the stacks; plain h5py sees one frame per row (see
+            docs/FORMAT.md). ``False`` stores full stacks.
         record_infos: Store env infos (JSON); ``False`` drops them.
         record_extra_model_outputs: Store action log-probs, distribution inputs,
             value predictions and other extra model outputs.
@@ -71,6 +78,7 @@ class RecorderConfig:
     compression_level: int = 1
     hdf5_chunk_bytes: int = 64 << 10
     encode_uint8: bool = True
+    stack_frames: bool = True
     record_infos: bool = True
     record_extra_model_outputs: bool = True
     record_evaluation: bool = True

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from ray.data import Datasource
 
+from rllib_recorder import schema
+
 if TYPE_CHECKING:
     from rllib_recorder.reader import Run
 
@@ -37,7 +39,7 @@ class RecordedStepsDatasource(Datasource):
             for agent in f.agents:
                 total = f.num_rows(agent)
                 steps = f.h5[f"agents/{agent}/steps"]
-                row_bytes = sum(int(np.prod(steps[p].shape[1:], dtype=np.int64)) * steps[p].dtype.itemsize
+                row_bytes = sum(int(np.prod(schema.row_shape(steps[p]), dtype=np.int64)) * steps[p].dtype.itemsize
                                 for p in f.column_paths(agent))
                 for start in range(0, total, rows_per_task):
                     self.ranges.append((f.path, agent, start, min(total, start + rows_per_task), row_bytes))

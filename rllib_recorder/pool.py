@@ -80,6 +80,7 @@ def storage_options(config: RecorderConfig) -> schema.StorageOptions:
     return schema.StorageOptions(
         compression=config.compression, compression_level=config.compression_level,
         hdf5_chunk_bytes=config.hdf5_chunk_bytes, fsync=config.fsync, encode_uint8=config.encode_uint8,
+        stack_frames=config.stack_frames,
     )
 
 

@@ -373,7 +373,7 @@ def open_run(path: str) -> Run:
 
 def _read(node: Any, rows: slice) -> Any:
     if isinstance(node, h5py.Dataset):
-        return schema.decode_uint8(node, node[rows])
+        return schema.read_rows(node, rows)
     kind = node.attrs.get("container", "dict")
     if kind == "tuple":
         return tuple(_read(node[str(i)], rows) for i in range(len(node)))

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator
 import h5py
 import numpy as np
 
-from rllib_recorder import envstate
+from rllib_recorder import envstate, schema
 from rllib_recorder.errors import ReplayError
 from rllib_recorder.formats import unbatch
 from rllib_recorder.reader import Batch, Episode, Run
@@ -152,10 +152,11 @@ def check_spaces(run: Run, make_env: Callable[[], Any], env_name: str) -> None:
                     continue
                 space = env.observation_space
                 stored_dtype = np.dtype(np.float32) if stored.attrs.get("encoding") == "affine_uint8" else stored.dtype
-                if tuple(stored.shape[1:]) != tuple(space.shape or ()) or stored_dtype != space.dtype:
+                recorded = schema.row_shape(stored)
+                if recorded != tuple(space.shape or ()) or stored_dtype != space.dtype:
                     raise ReplayError(
                         f"env {env_name} does not match the recorded spaces: it observes {space.dtype}"
-                        f"{list(space.shape or ())}, the run stored {stored_dtype}{list(stored.shape[1:])}; "
+                        f"{list(space.shape or ())}, the run stored {stored_dtype}{list(recorded)}; "
                         "pass the env the run was recorded with (--env)")
     finally:
         env.close()

@@ -95,7 +95,8 @@ class RunnerRecorder:
             return
         config = binding.config
         self.binding = binding
-        self.options = ConvertOptions(config.record_infos, config.record_extra_model_outputs, config.encode_uint8)
+        self.options = ConvertOptions(config.record_infos, config.record_extra_model_outputs, config.encode_uint8,
+                                      config.stack_frames)
         if not self.enabled:
             self._unbound.clear()
             return

@@ -14,7 +14,9 @@ import h5py
 import numpy as np
 
 from rllib_recorder import h5repair
-from rllib_recorder.convert import Chunk, Stream, decode_codes, encode_uint8, image_grid
+from rllib_recorder.convert import (
+    HEAD_PREFIX, Chunk, Stream, decode_codes, encode_uint8, image_grid, stack_frames, unstack_frames, unstack_stream,
+)
 from rllib_recorder.errors import SchemaError
 
 FORMAT_NAME = "rllib_recorder"
@@ -85,6 +87,8 @@ class StorageOptions:
     hdf5_chunk_bytes: int = 64 << 10
     fsync: bool = False
     encode_uint8: bool = True
+    # Store frame-stacked observations as their newest frames (convert.stack_frames); checked on every chunk.
+    stack_frames: bool = True
     # HDF5 file-space strategy of new files. "none": space a rewritten chunk frees is never
     # handed out again while the file is open, so a kill can't overwrite committed rows
     # that the on-disk index still points at (see docs/RELIABILITY.md); the dead space is
@@ -500,6 +504,7 @@ class _Column:
     row_shape: tuple[int, ...]
     dtype: np.dtype
     encoding: tuple[np.float32, np.float32] | None
+    stack: int | None = None  # frames per row of a frame-stacked column (FRAME_STACK_ATTR)
 
     @classmethod
     def of(cls, dataset: h5py.Dataset) -> "_Column":
@@ -507,7 +512,9 @@ class _Column:
         encoding = None
         if attrs.get("encoding") == "affine_uint8":
             encoding = (np.float32(attrs["scale"]), np.float32(attrs["offset"]))
-        return cls(dataset, dataset.shape[0], dataset.shape[1:], dataset.dtype, encoding)
+        stack = attrs.get(FRAME_STACK_ATTR)
+        return cls(dataset, dataset.shape[0], dataset.shape[1:], dataset.dtype, encoding,
+                   None if stack is None else int(stack))
 
 
 def append_chunk(
@@ -563,11 +570,12 @@ def _append_stream(
 ) -> None:
     steps = columns.group(f"{name}/steps")
     fragments = columns.group(f"{name}/fragments")
+    stream = _stacks_as_stored(columns, steps, fragments, stream, rows, options)
     frag_cols = dict(stream.fragments)
     first_rows = rows + np.concatenate([[0], np.cumsum(frag_cols["num_rows"])[:-1]])
     frag_cols["first_row"] = first_rows.astype(np.int64)
     frag_cols["batch"] = np.full(len(first_rows), batch_row, dtype=np.int64)
-    _append_columns(columns, steps, stream.steps, rows, options, _codes(stream, "steps"))
+    _append_columns(columns, steps, stream.steps, rows, options, _codes(stream, "steps"), stream.stacked)
     _append_columns(columns, fragments, frag_cols, frags, options, _codes(stream, "fragments"))
     for path, kind in stream.containers.items():
         if (name, path, kind) in columns.containers_marked:
@@ -576,6 +584,88 @@ def _append_stream(
         if target is not None and target[path].attrs.get("container") != kind:
             target[path].attrs["container"] = kind
         columns.containers_marked.add((name, path, kind))
+
+
+def _stacks_as_stored(columns: OpenColumns, steps: h5py.Group, fragments: h5py.Group, stream: Stream, rows: int,
+                      options: StorageOptions) -> Stream:
+    """``stream`` with its frame stacks as the file stores them (``convert.stack_frames``).
+
+    A stream the env runner did not stack is stacked here if it can be. A stacked stream for a column stored as
+    full stacks is rebuilt as full stacks; a stream that can't be stacked for a column stored stacked turns the
+    column (its ``rows`` stored rows) into full stacks, once, lossless either way."""
+    if options.stack_frames:
+        stream = stack_frames(stream, stream.fragments["num_rows"])
+    elif stream.stacked:  # the writer was told to keep full stacks
+        stream = unstack_stream(stream, list(stream.stacked))
+    for path in [p for p in stream.steps if p.startswith("obs")]:
+        column = columns.column(steps, path)
+        stored = None if column is None else column.stack
+        if column is None or stored == stream.stacked.get(path):
+            continue
+        stream = unstack_stream(stream, [path])
+        if stored is not None:
+            _unstack_column(columns, steps, fragments, path, rows, options)
+    return stream
+
+
+def _unstack_column(columns: OpenColumns, steps: h5py.Group, fragments: h5py.Group, path: str, rows: int,
+                    options: StorageOptions) -> None:
+    """Rewrites a frame-stacked step column as full stacks (its first ``rows`` rows) and drops its head column.
+
+    As a float32 rewrite: a copy under FLOAT_SUFFIX replaces the column, so a crash leaves one or the other
+    (``_finish_float_rewrites``); a head column left behind is dropped when the file is opened again."""
+    dataset = steps[path]
+    full = read_rows(dataset, slice(0, rows), decode=False)
+    attrs = {k: v for k, v in dataset.attrs.items() if k != FRAME_STACK_ATTR}
+    columns.forget(steps, path)
+    del dataset
+    encoding = (np.float32(attrs["scale"]), np.float32(attrs["offset"])) if "scale" in attrs else None
+    _create_column(steps, path + FLOAT_SUFFIX, full, 0, options, encoding=encoding)
+    replacement = steps[path + FLOAT_SUFFIX]
+    replacement.attrs.update(attrs)
+    replacement.resize(rows, axis=0)
+    if rows:
+        replacement[:] = full
+    del replacement
+    del steps[path]
+    steps.move(path + FLOAT_SUFFIX, path)
+    columns.forget(fragments, HEAD_PREFIX + path)
+    if HEAD_PREFIX + path in fragments:
+        del fragments[HEAD_PREFIX + path]
+
+
+FRAME_STACK_ATTR = "frame_stack"
+
+
+def row_shape(dataset: h5py.Dataset) -> tuple[int, ...]:
+    """The shape of one row as recorded (a frame-stacked column stores one frame of each row's stack)."""
+    stack = dataset.attrs.get(FRAME_STACK_ATTR)
+    return tuple(dataset.shape[1:]) if stack is None else tuple(dataset.shape[1:-1]) + (int(stack),)
+
+
+def read_rows(dataset: h5py.Dataset, rows: slice, decode: bool = True) -> np.ndarray:
+    """Rows of a column as recorded: ``affine_uint8`` codes decoded to float32 (unless ``decode`` is False), the
+    frame stacks of a frame-stacked step column rebuilt from its newest frames and its fragments' head frames."""
+    stack = dataset.attrs.get(FRAME_STACK_ATTR)
+    if stack is None:
+        values = dataset[rows]
+        return decode_uint8(dataset, values) if decode else values
+    start, stop, step = rows.indices(dataset.shape[0])
+    if step != 1:
+        raise ValueError(f"frame-stacked column {dataset.name} reads contiguous rows only (got step {step})")
+    agent, _, path = dataset.name.partition("/steps/")
+    heads, firsts = dataset.file[f"{agent}/fragments/{HEAD_PREFIX}{path}"], dataset.file[f"{agent}/fragments/first_row"]
+    stop = max(start, stop)
+    first_rows = firsts[:]
+    lo = max(int(np.searchsorted(first_rows, start, "right")) - 1, 0)
+    hi = max(int(np.searchsorted(first_rows, stop, "left")), lo + 1)
+    newest_start = max(start - int(stack) + 1, int(first_rows[lo]) if len(first_rows) else 0)
+    newest, head_frames = dataset[newest_start:stop], heads[lo:hi]
+    if decode:
+        newest, head_frames = decode_uint8(dataset, newest), decode_uint8(heads, head_frames)
+    elif dataset.attrs.get("encoding") != heads.attrs.get("encoding"):
+        raise SchemaError(f"{dataset.name} and its head frames are stored in different encodings; read them decoded")
+    return unstack_frames(newest, newest_start, head_frames, first_rows[lo:hi], start, stop)
 
 
 def decode_uint8(dataset: h5py.Dataset, values: np.ndarray) -> np.ndarray:
@@ -601,10 +691,13 @@ def _encoded_rows(columns: OpenColumns, group: h5py.Group, path: str, values: np
         return encoded
     # Not exact: rewrite the column as float32 (stored rows decoded exactly), then append as is.
     decoded = decode_codes(column.dataset[:start], *column.encoding)
+    stack = column.stack
     columns.forget(group, path)
     del column  # the last reference to the old dataset: closed before it is unlinked below
     _create_column(group, path + FLOAT_SUFFIX, values, 0, options, encoding=None)
     replacement = group[path + FLOAT_SUFFIX]
+    if stack is not None:
+        replacement.attrs[FRAME_STACK_ATTR] = np.int64(stack)
     replacement.resize(start, axis=0)
     replacement[:] = decoded
     del replacement
@@ -636,6 +729,7 @@ def _sent_codes(columns: OpenColumns, group: h5py.Group, path: str, codes: np.nd
 def _append_columns(
     columns: OpenColumns, group: h5py.Group, values_of: Mapping[str, np.ndarray], start: int,
     options: StorageOptions, codes: Mapping[str, tuple[np.float32, np.float32]] | None = None,
+    stacks: Mapping[str, int] | None = None,
 ) -> None:
     codes = codes or {}
     for path, values in values_of.items():
@@ -645,6 +739,8 @@ def _append_columns(
         if columns.column(group, path) is None:
             encoding = code if code is not None else _image_encoding(values, options)
             _create_column(group, path, values, start, options, encoding=encoding)
+            if stacks and path in stacks:
+                group[path].attrs[FRAME_STACK_ATTR] = np.int64(stacks[path])
         if code is not None:
             values = _sent_codes(columns, group, path, values, code, start, options)
         else:
@@ -755,3 +851,13 @@ def _finish_float_rewrites(h5: h5py.File) -> None:
             del h5[path]
         else:  # the column was deleted, the copy not yet renamed: finish
             h5.move(path, original)
+    for agent in h5.get("agents", {}).values():  # head frames of a column an interrupted rewrite made full stacks
+        fragments, steps = agent.get("fragments"), agent.get("steps")
+        heads: list[str] = []
+        if fragments is not None:
+            fragments.visititems(lambda path, item: heads.append(path) if path.startswith(HEAD_PREFIX)
+                                 and isinstance(item, h5py.Dataset) else None)
+        for head in heads:
+            column = steps.get(head[len(HEAD_PREFIX):]) if steps is not None else None
+            if column is None or FRAME_STACK_ATTR not in column.attrs:
+                del fragments[head]

@@ -39,6 +39,14 @@ def image_episode(codes, eps_id, t_started=0, scale=128.0, offset=-1.0):
     return episode, np.stack(obs)
 
 
+def stacked_frames(rng, n: int, k: int = 4, size: int = 6, first: np.ndarray | None = None) -> np.ndarray:
+    """The uint8 codes of n+1 observations that stack the k latest frames on the last axis, like RLlib's Atari
+    FrameStack: a reset fills the stack with its first frame; ``first`` (a stack) continues an episode instead."""
+    frames = list(np.moveaxis(first, -1, 0)) if first is not None else [rng.integers(0, 256, (size, size))] * k
+    frames += list(rng.integers(0, 256, (n, size, size)))
+    return np.stack([np.stack(frames[t:t + k], axis=-1) for t in range(n + 1)])
+
+
 def collect(item) -> None:
     """A `replay --to tests.helpers:collect` target: keeps what it is given."""
     SINK.append(item)

@@ -12,7 +12,7 @@ from rllib_recorder.convert import (
     ConvertOptions, batch_to_chunk, encode_images, episodes_to_chunk, flatten_value, merge_chunks,
 )
 from rllib_recorder.errors import ConversionError
-from tests.helpers import image_episode, make_episode
+from tests.helpers import image_episode, make_episode, stacked_frames
 
 
 def test_single_agent_fragment_columns_exact():
@@ -197,6 +197,40 @@ def test_a_black_first_frame_does_not_hide_the_grid_the_rest_of_the_frames_lie_o
     assert stream.encoded["steps/obs"] == (np.float32(1 / 255), 0.0)
     assert np.array_equal(stream.steps["obs"], codes[:-1]) and stream.steps["obs"].dtype == np.uint8
     assert image_grid(frames[:1]) == (np.float32(1 / 128), np.float32(-1.0))  # alone, the zeros fit the first grid
+
+
+def test_frame_stacks_are_sent_as_their_newest_frames_and_rebuilt_bit_for_bit():
+    from rllib_recorder.convert import unstack_stream
+
+    rng = np.random.default_rng(8)
+    episodes = [image_episode(stacked_frames(rng, n), f"e{n}")[0] for n in (3, 1, 6)]
+    full = episodes_to_chunk(episodes, ConvertOptions(encode_images=True))
+    stacked = episodes_to_chunk(episodes, ConvertOptions(encode_images=True, stack_frames=True))
+    f, s = full.streams["default_agent"], stacked.streams["default_agent"]
+    assert f.stacked == {} and f.steps["obs"].shape == (10, 6, 6, 4)
+    assert s.stacked == {"obs": 4} and s.steps["obs"].shape == (10, 6, 6, 1) and s.steps["obs"].dtype == np.uint8
+    np.testing.assert_array_equal(s.steps["obs"][..., 0], f.steps["obs"][..., -1])  # each row's newest frame
+    np.testing.assert_array_equal(s.fragments["head_obs"], f.steps["obs"][[0, 3, 4], ..., :-1])
+    assert s.encoded["fragments/head_obs"] == s.encoded["steps/obs"] == (1 / 128, -1.0)
+    assert stacked.nbytes == full.nbytes  # counted as the float32 stacks they stand for
+    np.testing.assert_array_equal(s.fragments["last_obs"], f.fragments["last_obs"])  # a fragment's last: in full
+    back = unstack_stream(s, ["obs"])
+    assert back.stacked == {} and "head_obs" not in back.fragments and "fragments/head_obs" not in back.encoded
+    for table in ("steps", "fragments"):
+        assert getattr(back, table).keys() == getattr(f, table).keys()
+        for path, values in getattr(f, table).items():
+            if values.dtype != object:
+                np.testing.assert_array_equal(getattr(back, table)[path], values, err_msg=path)
+
+
+def test_one_fragment_whose_rows_do_not_repeat_their_frames_keeps_the_whole_chunk_in_full_stacks():
+    rng = np.random.default_rng(9)
+    (good, good_frames), (bad, bad_frames) = (image_episode(stacked_frames(rng, 5), e) for e in "gb")
+    bad.get_observations()[3, 1, 1, 0] = bad_frames[3, 1, 1, 0] = np.float32(0.5)  # still a code, not the frame before
+    stream = episodes_to_chunk([good, bad], ConvertOptions(encode_images=True, stack_frames=True)).streams["default_agent"]
+    assert stream.stacked == {} and "head_obs" not in stream.fragments and stream.steps["obs"].dtype == np.uint8
+    np.testing.assert_array_equal(stream.steps["obs"].astype(np.float32) / 128 - 1,
+                                  np.concatenate([good_frames[:-1], bad_frames[:-1]]))
 
 
 def test_text_observations_become_utf8_bytes():

@@ -10,7 +10,7 @@ from rllib_recorder import schema
 from rllib_recorder.convert import episodes_to_chunk
 from rllib_recorder.errors import RecorderError, SchemaError
 from rllib_recorder.writer import RecordingWriter
-from tests.helpers import image_episode, make_episode
+from tests.helpers import image_episode, make_episode, stacked_frames
 
 
 def _writer(tmp_path, run_id="run-1"):
@@ -233,6 +233,89 @@ def test_reopen_finishes_a_float_rewrite_cut_short_by_a_crash(tmp_path):
     with h5py.File(path, "r") as h5:
         obs = h5["agents/default_agent/steps/obs"][()]
         assert obs.dtype == np.float32 and np.array_equal(obs[:3], frames[:-1]) and len(obs) == 4
+
+
+@pytest.mark.parametrize("sent", [("stacked", "stacked"), ("full", "full"), ("stacked", "broken", "stacked"),
+                                  ("broken", "stacked")])
+@pytest.mark.parametrize("writer_stacks", [True, False])
+def test_frame_stacks_are_stored_as_newest_frames_and_read_back_bit_for_bit_whatever_came_before(
+        tmp_path, sent, writer_stacks):
+    """Chunks of one episode continued across samples (truncate_episodes) and of new ones: sent stacked by the env
+    runner, sent in full (the writer stacks them), or with a row that does not repeat the frames before it (the
+    column turns into full stacks, once). Every row reads back bit for bit through the reader, whatever the rows
+    asked for; plain h5py sees one frame per row and the frame_stack attribute."""
+    from rllib_recorder.convert import ConvertOptions
+    from rllib_recorder.reader import WorkerFile
+
+    rng = np.random.default_rng(3)
+    writer = RecordingWriter(str(tmp_path), "run-1", schema.StorageOptions(stack_frames=writer_stacks))
+    expected, last, episodes = [], None, {}
+    for seq, how in enumerate(sent):
+        codes = stacked_frames(rng, 4 + seq, first=last)  # continues the episode of the chunk before
+        last = codes[-1]
+        if how == "broken":
+            codes[2, 0, 0, 1] ^= 1
+        continued, _ = image_episode(codes, "long", t_started=sum(len(e) - 1 for e in expected))
+        new, new_codes = image_episode(stacked_frames(rng, 3), f"new{seq}")
+        episodes.setdefault("long", []).append(codes)
+        episodes[f"new{seq}"] = [np.round((new_codes + 1) * 128)]
+        expected.extend([codes, np.round((new_codes + 1) * 128)])
+        chunk = episodes_to_chunk([continued, new], ConvertOptions(encode_images=True, stack_frames=how == "stacked"))
+        assert chunk.streams["default_agent"].stacked == ({"obs": 4} if how == "stacked" else {})
+        writer.append(1, False, b"s" * 32, seq, chunk)
+    writer.close()
+    path = str(tmp_path / "worker-001.h5")
+    all_rows = np.concatenate([e[:-1] for e in expected]).astype(np.float32) / 128 - 1
+    stays_stacked = writer_stacks and "broken" not in sent
+    with h5py.File(path, "r") as h5:  # plain h5py
+        obs, fragments = h5["agents/default_agent/steps/obs"], h5["agents/default_agent/fragments"]
+        assert obs.shape == (len(all_rows), 6, 6, 1 if stays_stacked else 4) and obs.dtype == np.uint8
+        assert obs.attrs.get("frame_stack") == (4 if stays_stacked else None)
+        assert ("head_obs" in fragments) == stays_stacked
+        if stays_stacked:
+            np.testing.assert_array_equal(obs[:, ..., 0], np.round((all_rows[..., -1] + 1) * 128))
+            assert fragments["head_obs"].shape == (2 * len(sent), 6, 6, 3)
+            assert schema.row_shape(obs) == (6, 6, 4)
+    f = WorkerFile(path)
+    try:
+        n = len(all_rows)
+        for start in range(n + 1):
+            for stop in range(start, n + 1, 3):
+                got = f.column("default_agent", "obs", slice(start, stop))
+                assert got.dtype == np.float32 and np.array_equal(got, all_rows[start:stop]), (start, stop)
+        for eps_id, parts in episodes.items():
+            want = np.concatenate([p[:-1] for p in parts] + [parts[-1][-1:]]).astype(np.float32) / 128 - 1
+            assert np.array_equal(f.episode(eps_id, "default_agent").obs, want), eps_id
+        batches = list(f.batches_in_order())
+        assert np.array_equal(np.concatenate([b.steps["default_agent"]["obs"] for b in batches]), all_rows)
+    finally:
+        f.close()
+
+
+def test_reopen_drops_the_head_frames_of_a_column_a_crash_left_as_full_stacks(tmp_path):
+    from rllib_recorder.convert import ConvertOptions
+
+    rng = np.random.default_rng(4)
+    episode, frames = image_episode(stacked_frames(rng, 5), "a")
+    writer = _writer(tmp_path)
+    writer.append(1, False, b"s" * 32, 0, episodes_to_chunk([episode], ConvertOptions(encode_images=True)))
+    writer.close()
+    path = tmp_path / "worker-001.h5"
+    with h5py.File(path, "a") as h5:  # crash after the full-stack copy replaced the column, before its heads went
+        steps = h5["agents/default_agent/steps"]
+        full = schema.read_rows(steps["obs"], slice(None), decode=False)
+        attrs = {k: v for k, v in steps["obs"].attrs.items() if k != "frame_stack"}
+        del steps["obs"]
+        steps.create_dataset("obs", data=full, maxshape=(None, 6, 6, 4)).attrs.update(attrs)
+        assert "head_obs" in h5["agents/default_agent/fragments"]
+    again = _writer(tmp_path)
+    more, more_frames = image_episode(stacked_frames(rng, 3), "b")
+    again.append(1, False, b"s" * 32, 1, episodes_to_chunk([more], ConvertOptions(encode_images=True)))
+    again.close()
+    with h5py.File(path, "r") as h5:
+        assert "head_obs" not in h5["agents/default_agent/fragments"]
+        assert np.array_equal(h5["agents/default_agent/steps/obs"][()],
+                              np.round((np.concatenate([frames[:-1], more_frames[:-1]]) + 1) * 128))
 
 
 def _noisy_chunk(first, n, width=64):
