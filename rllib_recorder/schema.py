@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import time
@@ -20,7 +21,10 @@ from rllib_recorder.convert import (
 from rllib_recorder.errors import SchemaError
 
 FORMAT_NAME = "rllib_recorder"
-SCHEMA_VERSION = "1.3"
+SCHEMA_VERSION = "2.0"
+# Majors this reader reads: 2.0 may store frame stacks as their newest frames (FRAME_STACK_ATTR), which a 1.x
+# reader would return as they are stored; 1.x files hold nothing a 2.0 reader reads differently.
+READABLE_MAJORS = ("1", "2")
 SENDER_ID_DTYPE = np.dtype("S32")
 
 # Every name below is documented in docs/FORMAT.md (a test checks it).
@@ -150,10 +154,10 @@ def check_version(found: Any, where: str) -> None:
     from rllib_recorder import __version__
 
     major = str(found).split(".")[0]
-    if major != SCHEMA_VERSION.split(".")[0]:
+    if major not in READABLE_MAJORS:
         raise SchemaError(
             f"{where} has schema version {found}, but rllib_recorder {__version__} reads "
-            f"version {SCHEMA_VERSION.split('.')[0]}.x; install a matching rllib_recorder"
+            f"versions {' and '.join(m + '.x' for m in READABLE_MAJORS)}; install a matching rllib_recorder"
         )
 
 
@@ -447,6 +451,11 @@ class OpenColumns:
         self._commit_attr: Any = None
         self._commit_capacity = 0
 
+    @functools.cached_property
+    def stores_frame_stacks(self) -> bool:
+        """Whether the file's schema version has frame-stacked columns (2.0; a 1.x file keeps full stacks)."""
+        return str(self.h5.attrs.get("schema_version", SCHEMA_VERSION)).split(".")[0] != "1"
+
     def commit(self) -> dict[str, Any]:
         """A copy of the file's commit record, to change and pass to ``write_commit``."""
         if self._commit is None:
@@ -593,9 +602,9 @@ def _stacks_as_stored(columns: OpenColumns, steps: h5py.Group, fragments: h5py.G
     A stream the env runner did not stack is stacked here if it can be. A stacked stream for a column stored as
     full stacks is rebuilt as full stacks; a stream that can't be stacked for a column stored stacked turns the
     column (its ``rows`` stored rows) into full stacks, once, lossless either way."""
-    if options.stack_frames:
+    if options.stack_frames and columns.stores_frame_stacks:
         stream = stack_frames(stream, stream.fragments["num_rows"])
-    elif stream.stacked:  # the writer was told to keep full stacks
+    elif stream.stacked:  # the writer was told to keep full stacks (or the file is 1.x)
         stream = unstack_stream(stream, list(stream.stacked))
     for path in [p for p in stream.steps if p.startswith("obs")]:
         column = columns.column(steps, path)
