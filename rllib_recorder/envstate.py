@@ -271,7 +271,13 @@ def _rng_state(base: Any) -> dict[str, Any] | None:
 def _put(arrays: dict[str, np.ndarray], key: str, value: Any) -> Any:
     """JSON-able reference to ``value``: plain scalars inline, arrays (and deques of arrays) in ``arrays``."""
     if isinstance(value, deque):
-        arrays[key] = np.stack(list(value)) if len(value) else np.zeros(0)
+        items = list(value)
+        if len(items) > 1 and all(_same(items[0], item) for item in items[1:]):
+            # a frame stack just after a reset holds its first frame K times: stored once (a quarter of the bytes
+            # to copy and compress on every episode start of an Atari env)
+            arrays[key] = np.array(items[0])[None]
+            return {"deque": key, "maxlen": value.maxlen, "repeat": len(items)}
+        arrays[key] = np.stack(items) if items else np.zeros(0)
         return {"deque": key, "maxlen": value.maxlen}
     if isinstance(value, np.ndarray):
         arrays[key] = value.copy()  # wrappers update their buffers in place
@@ -281,6 +287,14 @@ def _put(arrays: dict[str, np.ndarray], key: str, value: Any) -> Any:
     return value
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Whether two deque items are the same array, bit for bit (the same object, as FrameStack's reset appends)."""
+    if a is b:
+        return True
+    return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape
+            and a.tobytes() == b.tobytes())
+
+
 def _array_keys(ref: Any) -> str | None:
     """The ``arrays`` key a ``_put`` reference names (None for an inline value)."""
     return ref.get("deque", ref.get("array")) if isinstance(ref, dict) else None
@@ -288,7 +302,10 @@ def _array_keys(ref: Any) -> str | None:
 
 def _get(arrays: dict[str, np.ndarray], ref: Any, current: Any) -> Any:
     if isinstance(ref, dict) and "deque" in ref:
-        return deque(list(arrays[ref["deque"]]), maxlen=ref["maxlen"])
+        items = arrays[ref["deque"]]
+        if "repeat" in ref:
+            return deque([items[0].copy() for _ in range(ref["repeat"])], maxlen=ref["maxlen"])
+        return deque(list(items), maxlen=ref["maxlen"])
     if isinstance(ref, dict) and "array" in ref:
         return arrays[ref["array"]].copy()
     return ref

@@ -46,6 +46,31 @@ def test_restored_env_repeats_the_captured_future_exactly(make):
         assert rest_g == rest_e
 
 
+def test_a_frame_stack_just_after_a_reset_is_stored_as_one_frame_and_restored_as_the_full_stack():
+    env = make_atari_env("ALE/Breakout-v5", 84, 4, {})
+    env.reset(seed=5)
+    captured = envstate.capture_state(env)
+    (name, attrs), = [layer for layer in captured.meta["layers"] if "frames" in layer[1]]
+    assert name == "FrameStack" and attrs["frames"]["repeat"] == 4
+    assert captured.arrays[attrs["frames"]["deque"]].shape == (1, 84, 84, 1)
+    actions = [int(a) for a in np.random.default_rng(2).integers(0, env.action_space.n, 30)]
+    expected = rollout(env, actions)
+    fresh = make_atari_env("ALE/Breakout-v5", 84, 4, {})
+    fresh.reset(seed=77)
+    envstate.restore(fresh, envstate.KIND_ALE, captured.pack())
+    frames = [layer for layer in envstate._layers(fresh) if type(layer).__name__ == "FrameStack"][0].frames
+    assert len(frames) == 4 and frames.maxlen == 4
+    got = rollout(fresh, actions)
+    assert len(got) == len(expected) > 1
+    for (obs_e, *rest_e), (obs_g, *rest_g) in zip(expected, got):
+        np.testing.assert_array_equal(obs_g, obs_e)
+        assert rest_g == rest_e
+    env.step(1)  # frames differ now: stored in full
+    stepped = envstate.capture_state(env)
+    (_, attrs), = [layer for layer in stepped.meta["layers"] if "frames" in layer[1]]
+    assert "repeat" not in attrs["frames"] and stepped.arrays[attrs["frames"]["deque"]].shape == (4, 84, 84, 1)
+
+
 def test_capture_plans_neither_keep_envs_alive_nor_remember_an_env_before_its_first_reset():
     env = gym.make("CartPole-v1")
     assert envstate.capture_state(env) is None  # no state before the first reset
