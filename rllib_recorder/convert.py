@@ -361,7 +361,6 @@ def _rows_repeat(rows: np.ndarray, block_rows: int = 8) -> bool:
     Atari rows, against 10 ms for one strided comparison of the whole arrays."""
     k, size = rows.shape[-1], rows.itemsize
     word = _WORDS.get(k * size) if sys.byteorder == "little" and rows.flags.c_contiguous else None
-    bits = rows.view(f"u{size}")  # bit-exact: -0.0 is not 0.0, a NaN equals itself
     if word is not None:
         packed = rows.view(word)[..., 0]
         shift, mask = word(8 * size), word((1 << (8 * size * (k - 1))) - 1)
@@ -370,6 +369,7 @@ def _rows_repeat(rows: np.ndarray, block_rows: int = 8) -> bool:
             if not np.array_equal(cur & mask, packed[i - 1:i - 1 + len(cur)] >> shift):
                 return False
         return True
+    bits = rows.view(f"u{size}")  # bit-exact: -0.0 is not 0.0, a NaN equals itself
     for i in range(1, len(bits), block_rows):
         cur = bits[i:i + block_rows]
         if not np.array_equal(cur[..., :-1], bits[i - 1:i - 1 + len(cur), ..., 1:]):
@@ -383,8 +383,9 @@ def unstack_stream(stream: Stream, paths: Iterable[str]) -> Stream:
     if not paths:
         return stream
     steps, fragments, encoded = dict(stream.steps), dict(stream.fragments), dict(stream.encoded)
-    firsts = np.concatenate([[0], np.cumsum(stream.fragments["num_rows"])[:-1]]).astype(np.int64) \
-        if "num_rows" in stream.fragments else np.zeros(1, np.int64)
+    # an episode's part in _episodes_stream has no fragment table yet: it is one fragment
+    lengths = stream.fragments["num_rows"] if "num_rows" in stream.fragments else [stream.num_rows]
+    firsts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     for path in paths:
         heads = fragments.pop(HEAD_PREFIX + path)
         head_code = encoded.pop(f"fragments/{HEAD_PREFIX}{path}", None)

@@ -624,8 +624,10 @@ def _unstack_column(columns: OpenColumns, steps: h5py.Group, fragments: h5py.Gro
     As a float32 rewrite: a copy under FLOAT_SUFFIX replaces the column, so a crash leaves one or the other
     (``_finish_float_rewrites``); a head column left behind is dropped when the file is opened again."""
     dataset = steps[path]
-    full = read_rows(dataset, slice(0, rows), decode=False)
-    attrs = {k: v for k, v in dataset.attrs.items() if k != FRAME_STACK_ATTR}
+    as_stored = _same_encoding(dataset, fragments[HEAD_PREFIX + path])  # else both as float32 (one was rewritten)
+    full = read_rows(dataset, slice(0, rows), decode=not as_stored)
+    attrs = {k: v for k, v in dataset.attrs.items()
+             if k != FRAME_STACK_ATTR and (as_stored or k not in ENCODING_ATTRS)}
     columns.forget(steps, path)
     del dataset
     encoding = (np.float32(attrs["scale"]), np.float32(attrs["offset"])) if "scale" in attrs else None
@@ -672,9 +674,17 @@ def read_rows(dataset: h5py.Dataset, rows: slice, decode: bool = True) -> np.nda
     newest, head_frames = dataset[newest_start:stop], heads[lo:hi]
     if decode:
         newest, head_frames = decode_uint8(dataset, newest), decode_uint8(heads, head_frames)
-    elif dataset.attrs.get("encoding") != heads.attrs.get("encoding"):
+    elif not _same_encoding(dataset, heads):
         raise SchemaError(f"{dataset.name} and its head frames are stored in different encodings; read them decoded")
     return unstack_frames(newest, newest_start, head_frames, first_rows[lo:hi], start, stop)
+
+
+ENCODING_ATTRS = ("encoding", "scale", "offset")
+
+
+def _same_encoding(a: h5py.Dataset, b: h5py.Dataset) -> bool:
+    """Whether two columns store their values alike (both as they are, or both as codes of one grid)."""
+    return a.dtype == b.dtype and all(a.attrs.get(k) == b.attrs.get(k) for k in ENCODING_ATTRS)
 
 
 def decode_uint8(dataset: h5py.Dataset, values: np.ndarray) -> np.ndarray:

@@ -292,6 +292,36 @@ def test_frame_stacks_are_stored_as_newest_frames_and_read_back_bit_for_bit_what
         f.close()
 
 
+def test_head_frames_that_are_not_exact_codes_are_kept_as_float32_and_a_later_rewrite_to_full_stacks_is_exact(
+        tmp_path):
+    """Float32 frames sent in full (no encoding in the runner): the writer stacks and encodes them. A first row
+    whose older frames are off the uint8 grid leaves its newest frames exact: the head column turns float32, the
+    step column stays uint8 codes. A chunk that does not repeat its frames then rewrites the column as full
+    stacks from both, as float32."""
+    rng = np.random.default_rng(6)
+    episodes = [image_episode(stacked_frames(rng, 4), f"e{i}") for i in range(3)]
+    episodes[1][0].get_observations()[0, 2, 2, 0] += np.float32(1e-3)  # frame 0 of row 0: a head frame only
+    episodes[1][1][0, 2, 2, 0] += np.float32(1e-3)
+    episodes[2][0].get_observations()[2, 1, 1, 1] += np.float32(0.5)  # row 2 no longer repeats row 1
+    episodes[2][1][2, 1, 1, 1] += np.float32(0.5)
+    writer = _writer(tmp_path)
+    path = tmp_path / "worker-001.h5"
+    for seq, (episode, _) in enumerate(episodes):
+        writer.append(1, False, b"s" * 32, seq, episodes_to_chunk([episode]))
+        if seq == 1:
+            writer.close()
+            with h5py.File(path, "r") as h5:
+                obs, heads = h5["agents/default_agent/steps/obs"], h5["agents/default_agent/fragments/head_obs"]
+                assert obs.dtype == np.uint8 and obs.attrs["frame_stack"] == 4 and heads.dtype == np.float32
+            writer = _writer(tmp_path)
+    writer.close()
+    with h5py.File(path, "r") as h5:
+        obs = h5["agents/default_agent/steps/obs"]
+        assert obs.dtype == np.float32 and "frame_stack" not in obs.attrs and "encoding" not in obs.attrs
+        assert "head_obs" not in h5["agents/default_agent/fragments"]
+        assert np.array_equal(obs[()], np.concatenate([frames[:-1] for _, frames in episodes]))
+
+
 def test_reopen_drops_the_head_frames_of_a_column_a_crash_left_as_full_stacks(tmp_path):
     from rllib_recorder.convert import ConvertOptions
 
