@@ -80,12 +80,20 @@ class Chunk:
     def nbytes(self) -> int:
         """Bytes of the sampled arrays (encoded columns counted as the float32 they stand for, frame stacks as the
         full stacks of every row)."""
-        return sum(  # a column's key is built only for a stream that has encoded columns (most have none)
-            a.nbytes * (4 if s.encoded and f"{table}/{path}" in s.encoded else 1)
-            * (s.stacked.get(path, 1) if table == "steps" else 0 if path in s.heads else 1)
-            for s in self.streams.values()
-            for table, cols in (("steps", s.steps), ("fragments", s.fragments)) for path, a in cols.items()
-        )
+        total = 0
+        for s in self.streams.values():
+            if not s.encoded and not s.stacked:  # most streams: no image column
+                total += sum(a.nbytes for a in s.steps.values()) + sum(a.nbytes for a in s.fragments.values())
+                continue
+            heads = s.heads
+            for table, cols in (("steps", s.steps), ("fragments", s.fragments)):
+                for path, a in cols.items():
+                    if table == "fragments" and path in heads:
+                        continue  # part of the stacks counted in full below
+                    factor = (4 if f"{table}/{path}" in s.encoded else 1) * (
+                        s.stacked.get(path, 1) if table == "steps" else 1)
+                    total += a.nbytes * factor
+        return total
 
     def __repr__(self) -> str:
         return (
