@@ -292,6 +292,49 @@ def test_frame_stacks_are_stored_as_newest_frames_and_read_back_bit_for_bit_what
         f.close()
 
 
+def test_frame_stacks_inside_a_dict_space_and_from_the_old_stack_are_stacked_by_the_writer_and_read_back(tmp_path):
+    """A Dict observation whose image is a frame stack (the writer stacks ``obs/pixels``, its head frames under
+    ``fragments/head_obs/pixels``), and an old-stack SampleBatch of two episodes' frame stacks (sent in full, split
+    into fragments by episode, stacked by the writer). Every row reads back as recorded."""
+    from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+    from ray.rllib.policy.sample_batch import SampleBatch
+
+    from rllib_recorder.convert import batch_to_chunk
+    from rllib_recorder.reader import WorkerFile
+
+    rng = np.random.default_rng(7)
+    codes = stacked_frames(rng, 5)
+    obs = [{"pixels": c, "vec": np.full(2, t, np.float32)} for t, c in enumerate(codes)]
+    episode = SingleAgentEpisode(id_="d", observations=obs, actions=[0] * 5, rewards=[0.0] * 5, len_lookback_buffer=0)
+    episode.to_numpy()
+    old = [stacked_frames(rng, n) for n in (3, 4)]
+    rows = np.concatenate([o[:-1] for o in old])
+    batch = SampleBatch({
+        "obs": rows, "new_obs": np.concatenate([o[1:] for o in old]), "actions": np.zeros(7, np.int64),
+        "rewards": np.ones(7, np.float32), "terminateds": np.zeros(7, bool), "truncateds": np.zeros(7, bool),
+        "eps_id": np.array([1] * 3 + [2] * 4), "t": np.array([0, 1, 2, 0, 1, 2, 3]),
+    })
+    for worker, chunk in ((1, episodes_to_chunk([episode])), (2, batch_to_chunk(batch))):
+        writer = _writer(tmp_path)
+        writer.append(worker, False, b"s" * 32, 0, chunk)
+        writer.close()
+    with h5py.File(tmp_path / "worker-001.h5", "r") as h5:
+        assert h5["agents/default_agent/steps/obs/pixels"].attrs["frame_stack"] == 4
+        assert h5["agents/default_agent/fragments/head_obs/pixels"].shape == (1, 6, 6, 3)
+    with h5py.File(tmp_path / "worker-002.h5", "r") as h5:
+        assert h5["agents/default_agent/steps/obs"].shape == (7, 6, 6, 1)
+        assert h5["agents/default_agent/fragments/head_obs"].shape == (2, 6, 6, 3)
+    first, second = WorkerFile(str(tmp_path / "worker-001.h5")), WorkerFile(str(tmp_path / "worker-002.h5"))
+    try:
+        stored = first.episode("d", "default_agent").obs
+        assert np.array_equal(stored["pixels"], codes) and np.array_equal(stored["vec"][:, 0], np.arange(6))
+        assert np.array_equal(second.column("default_agent", "obs"), rows)
+        assert np.array_equal(second.column("default_agent", "obs", slice(2, 5)), rows[2:5])
+    finally:
+        first.close()
+        second.close()
+
+
 def test_head_frames_that_are_not_exact_codes_are_kept_as_float32_and_a_later_rewrite_to_full_stacks_is_exact(
         tmp_path):
     """Float32 frames sent in full (no encoding in the runner): the writer stacks and encodes them. A first row
