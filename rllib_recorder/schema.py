@@ -728,6 +728,29 @@ def _encoded_rows(columns: OpenColumns, group: h5py.Group, path: str, values: np
 FLOAT_SUFFIX = ".__float32"
 
 
+def _widen_column(columns: OpenColumns, group: h5py.Group, path: str, start: int, dtype: np.dtype,
+                  options: StorageOptions) -> _Column:
+    """Rewrites a column as ``dtype`` (its ``start`` stored rows cast exactly) for values its own dtype can't
+    hold, instead of casting them (an int64 reward column would cut 0.5 to 0). As a float32 rewrite: a copy under
+    FLOAT_SUFFIX replaces the column, so a crash leaves one or the other (``_finish_float_rewrites``)."""
+    old = columns.column(group, path)
+    stored = old.dataset[:start].astype(dtype)
+    attrs = dict(old.dataset.attrs)
+    columns.forget(group, path)
+    del old
+    _create_column(group, path + FLOAT_SUFFIX, stored if start else np.zeros((1,) + group[path].shape[1:], dtype),
+                   0, options)
+    replacement = group[path + FLOAT_SUFFIX]
+    replacement.attrs.update(attrs)
+    replacement.resize(start, axis=0)
+    if start:
+        replacement[:] = stored
+    del replacement
+    del group[path]
+    group.move(path + FLOAT_SUFFIX, path)
+    return columns.column(group, path)
+
+
 def _codes(stream: Stream, table: str) -> dict[str, tuple[np.float32, np.float32]]:
     """The columns of ``table`` that the env runner sent as uint8 codes, with their (scale, offset)."""
     prefix = f"{table}/"
@@ -775,6 +798,9 @@ def _append_columns(
                 f"column {group.name}/{path} holds rows of shape {column.row_shape}, "
                 f"got {values.shape[1:]}; record spaces of one fixed shape per run"
             )
+        if (column.encoding is None and column.dtype.kind in "biuf" and values.dtype.kind in "biuf"
+                and not np.can_cast(values.dtype, column.dtype, "safe")):  # e.g. int rewards, then 0.5
+            column = _widen_column(columns, group, path, start, np.result_type(column.dtype, values.dtype), options)
         _write_rows(column, start, values)
         # One column per flush: HDF5 frees a rewritten compressed chunk's old space and may
         # hand it to another chunk of the same flush before the index pointing away from it

@@ -106,6 +106,27 @@ def test_changed_observation_shape_is_refused_and_file_stays_intact(tmp_path):
         assert h5["batches/seq"][()].tolist() == [0, 2]
 
 
+def test_values_a_column_can_not_hold_widen_it_instead_of_being_cast(tmp_path):
+    """An env whose first rewards are all Python ints gets an int64 reward column; a later 0.5 turns the column
+    into float64 (stored rows cast exactly), and a float32 column takes float64 values as float64."""
+    first, second = make_episode(3), make_episode(2, eps_id="b")
+    chunk = episodes_to_chunk([first])
+    chunk.streams["default_agent"].steps["rewards"] = np.array([0, 1, 2], np.int64)  # an env's Python ints
+    later = episodes_to_chunk([second])
+    later.streams["default_agent"].steps["rewards"] = np.array([0.5, -1e-9])
+    later.streams["default_agent"].steps["obs"] = np.array([[0.1, 0.0], [1e-40, -1.0]])  # float64 into float32
+    writer = _writer(tmp_path)
+    writer.append(1, False, b"s" * 32, 0, chunk)
+    writer.append(1, False, b"s" * 32, 1, later)
+    writer.close()
+    with h5py.File(tmp_path / "worker-001.h5", "r") as h5:
+        steps = h5["agents/default_agent/steps"]
+        assert steps["rewards"].dtype == np.float64 and steps["rewards"][()].tolist() == [0, 1, 2, 0.5, -1e-9]
+        obs = steps["obs"]
+        assert obs.dtype == np.float64 and obs[()].tolist() == [[0, 0], [1, -1], [2, -2], [0.1, 0], [1e-40, -1]]
+        assert not [k for k in steps if k.endswith(schema.FLOAT_SUFFIX)]
+
+
 def test_writer_refuses_pickling(tmp_path):
     import pickle
 
