@@ -338,7 +338,7 @@ def stack_frames(stream: Stream, lengths: Sequence[int]) -> Stream:
     if not found:
         return stream
     steps, fragments, encoded = dict(stream.steps), dict(stream.fragments), dict(stream.encoded)
-    firsts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.intp)
+    firsts = fragment_starts(lengths)
     for path in found:
         values = stream.steps[path]
         steps[path] = np.ascontiguousarray(values[..., -1:])
@@ -346,6 +346,11 @@ def stack_frames(stream: Stream, lengths: Sequence[int]) -> Stream:
         if f"steps/{path}" in encoded:
             encoded[f"fragments/{HEAD_PREFIX}{path}"] = encoded[f"steps/{path}"]
     return Stream(steps, fragments, dict(stream.containers), encoded, {**stream.stacked, **found})
+
+
+def fragment_starts(lengths: Sequence[int], start: int = 0) -> np.ndarray:
+    """The first row of each of consecutive fragments of ``lengths`` rows, the first at row ``start``."""
+    return start + np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
 
 
 def _repeats_frames(values: np.ndarray, lengths: Sequence[int]) -> bool:
@@ -393,7 +398,7 @@ def unstack_stream(stream: Stream, paths: Iterable[str]) -> Stream:
     steps, fragments, encoded = dict(stream.steps), dict(stream.fragments), dict(stream.encoded)
     # an episode's part in _episodes_stream has no fragment table yet: it is one fragment
     lengths = stream.fragments["num_rows"] if "num_rows" in stream.fragments else [stream.num_rows]
-    firsts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    firsts = fragment_starts(lengths)
     for path in paths:
         heads = fragments.pop(HEAD_PREFIX + path)
         head_code = encoded.pop(f"fragments/{HEAD_PREFIX}{path}", None)

@@ -16,7 +16,8 @@ import numpy as np
 
 from rllib_recorder import h5repair
 from rllib_recorder.convert import (
-    HEAD_PREFIX, Chunk, Stream, decode_codes, encode_uint8, image_grid, stack_frames, unstack_frames, unstack_stream,
+    HEAD_PREFIX, Chunk, Stream, decode_codes, encode_uint8, fragment_starts, image_grid, stack_frames, unstack_frames,
+    unstack_stream,
 )
 from rllib_recorder.errors import SchemaError
 
@@ -581,9 +582,8 @@ def _append_stream(
     fragments = columns.group(f"{name}/fragments")
     stream = _stacks_as_stored(columns, steps, fragments, stream, rows, options)
     frag_cols = dict(stream.fragments)
-    first_rows = rows + np.concatenate([[0], np.cumsum(frag_cols["num_rows"])[:-1]])
-    frag_cols["first_row"] = first_rows.astype(np.int64)
-    frag_cols["batch"] = np.full(len(first_rows), batch_row, dtype=np.int64)
+    frag_cols["first_row"] = fragment_starts(frag_cols["num_rows"], rows)
+    frag_cols["batch"] = np.full(len(frag_cols["first_row"]), batch_row, dtype=np.int64)
     _append_columns(columns, steps, stream.steps, rows, options, _codes(stream, "steps"), stream.stacked)
     _append_columns(columns, fragments, frag_cols, frags, options, _codes(stream, "fragments"))
     for path, kind in stream.containers.items():
@@ -628,18 +628,9 @@ def _unstack_column(columns: OpenColumns, steps: h5py.Group, fragments: h5py.Gro
     full = read_rows(dataset, slice(0, rows), decode=not as_stored)
     attrs = {k: v for k, v in dataset.attrs.items()
              if k != FRAME_STACK_ATTR and (as_stored or k not in ENCODING_ATTRS)}
-    columns.forget(steps, path)
     del dataset
     encoding = (np.float32(attrs["scale"]), np.float32(attrs["offset"])) if "scale" in attrs else None
-    _create_column(steps, path + FLOAT_SUFFIX, full, 0, options, encoding=encoding)
-    replacement = steps[path + FLOAT_SUFFIX]
-    replacement.attrs.update(attrs)
-    replacement.resize(rows, axis=0)
-    if rows:
-        replacement[:] = full
-    del replacement
-    del steps[path]
-    steps.move(path + FLOAT_SUFFIX, path)
+    _replace_column(columns, steps, path, full, full, options, encoding=encoding, attrs=attrs)
     columns.forget(fragments, HEAD_PREFIX + path)
     if HEAD_PREFIX + path in fragments:
         del fragments[HEAD_PREFIX + path]
@@ -710,22 +701,32 @@ def _encoded_rows(columns: OpenColumns, group: h5py.Group, path: str, values: np
         return encoded
     # Not exact: rewrite the column as float32 (stored rows decoded exactly), then append as is.
     decoded = decode_codes(column.dataset[:start], *column.encoding)
-    stack = column.stack
-    columns.forget(group, path)
-    del column  # the last reference to the old dataset: closed before it is unlinked below
-    _create_column(group, path + FLOAT_SUFFIX, values, 0, options, encoding=None)
-    replacement = group[path + FLOAT_SUFFIX]
-    if stack is not None:
-        replacement.attrs[FRAME_STACK_ATTR] = np.int64(stack)
-    replacement.resize(start, axis=0)
-    replacement[:] = decoded
-    del replacement
-    del group[path]
-    group.move(path + FLOAT_SUFFIX, path)
+    attrs = {} if column.stack is None else {FRAME_STACK_ATTR: np.int64(column.stack)}
+    del column  # with the cache's, the last reference to the old dataset: closed before it is unlinked
+    _replace_column(columns, group, path, decoded, values, options, attrs=attrs)
     return values
 
 
 FLOAT_SUFFIX = ".__float32"
+
+
+def _replace_column(columns: OpenColumns, group: h5py.Group, path: str, stored: np.ndarray, sample: np.ndarray,
+                    options: StorageOptions, *, encoding: tuple[np.float32, np.float32] | None = None,
+                    attrs: Mapping[str, Any] | None = None) -> None:
+    """Replaces column ``path`` by a new one holding the rows ``stored``, created as ``sample`` would create it
+    (dtype, filters, chunks) with ``encoding`` and ``attrs``. The new column is written under FLOAT_SUFFIX and
+    renamed over the old one, so a crash leaves one or the other (``_finish_float_rewrites``). The caller holds
+    no reference to the old dataset (it is closed before it is unlinked)."""
+    columns.forget(group, path)
+    _create_column(group, path + FLOAT_SUFFIX, sample, 0, options, encoding=encoding)
+    replacement = group[path + FLOAT_SUFFIX]
+    replacement.attrs.update(attrs or {})
+    replacement.resize(len(stored), axis=0)
+    if len(stored):
+        replacement[:] = stored
+    del replacement
+    del group[path]
+    group.move(path + FLOAT_SUFFIX, path)
 
 
 def _widen_column(columns: OpenColumns, group: h5py.Group, path: str, start: int, dtype: np.dtype,
@@ -736,18 +737,8 @@ def _widen_column(columns: OpenColumns, group: h5py.Group, path: str, start: int
     old = columns.column(group, path)
     stored = old.dataset[:start].astype(dtype)
     attrs = dict(old.dataset.attrs)
-    columns.forget(group, path)
     del old
-    _create_column(group, path + FLOAT_SUFFIX, stored if start else np.zeros((1,) + group[path].shape[1:], dtype),
-                   0, options)
-    replacement = group[path + FLOAT_SUFFIX]
-    replacement.attrs.update(attrs)
-    replacement.resize(start, axis=0)
-    if start:
-        replacement[:] = stored
-    del replacement
-    del group[path]
-    group.move(path + FLOAT_SUFFIX, path)
+    _replace_column(columns, group, path, stored, stored, options, attrs=attrs)
     return columns.column(group, path)
 
 
