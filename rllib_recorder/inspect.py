@@ -122,6 +122,20 @@ def _verify_file(f: Any) -> list[str]:
         if len(ends) and (np.sort(frags["first_row"])[1:] != np.sort(ends)[:-1]).any():
             problems.append(f"{agent}: fragments overlap or leave holes")
         problems += _continuity(agent, frags)
+        problems += _stack_problems(f, agent, commit["agents"].get(agent, (0, 0))[1])
+    return problems
+
+
+def _stack_problems(f: Any, agent: str, num_fragments: int) -> list[str]:
+    """Frame-stacked step columns whose head frames (a row per fragment) are missing or short."""
+    steps, fragments = f.h5[f"agents/{agent}/steps"], f.h5[f"agents/{agent}/fragments"]
+    problems = []
+    for path in f.column_paths(agent):
+        head = schema.HEAD_PREFIX + path
+        if schema.FRAME_STACK_ATTR in steps[path].attrs and (head not in fragments
+                                                             or len(fragments[head]) < num_fragments):
+            problems.append(f"{agent}: steps/{path} stores frame stacks as newest frames, but fragments/{head} is "
+                            "missing or short, so its stacks can't be rebuilt")
     return problems
 
 

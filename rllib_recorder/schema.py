@@ -656,7 +656,12 @@ def read_rows(dataset: h5py.Dataset, rows: slice, decode: bool = True) -> np.nda
     if step != 1:
         raise ValueError(f"frame-stacked column {dataset.name} reads contiguous rows only (got step {step})")
     agent, _, path = dataset.name.partition("/steps/")
-    heads, firsts = dataset.file[f"{agent}/fragments/{HEAD_PREFIX}{path}"], dataset.file[f"{agent}/fragments/first_row"]
+    head_path, firsts_path = f"{agent}/fragments/{HEAD_PREFIX}{path}", f"{agent}/fragments/first_row"
+    if head_path not in dataset.file or firsts_path not in dataset.file:
+        raise SchemaError(f"{dataset.file.filename}: {dataset.name} stores frame stacks as newest frames, but "
+                          f"{head_path} or {firsts_path} is missing, so its stacks can't be rebuilt; the file is "
+                          "damaged: move it out of the run directory to read the rest of the run")
+    heads, firsts = dataset.file[head_path], dataset.file[firsts_path]
     stop = max(start, stop)
     first_rows = firsts[:]
     lo = max(int(np.searchsorted(first_rows, start, "right")) - 1, 0)

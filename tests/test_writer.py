@@ -356,6 +356,35 @@ def test_frame_stacks_inside_a_dict_space_and_from_the_old_stack_are_stacked_by_
         second.close()
 
 
+def test_a_frame_stacked_column_without_its_head_frames_is_reported_in_one_line(tmp_path):
+    from rllib_recorder.convert import ConvertOptions
+    from rllib_recorder.reader import WorkerFile
+
+    episode, _ = image_episode(stacked_frames(np.random.default_rng(8), 4), "a")
+    writer = _writer(tmp_path)
+    writer.append(1, False, b"s" * 32, 0, episodes_to_chunk([episode], ConvertOptions(encode_images=True)))
+    writer.close()
+    from rllib_recorder.inspect import verify_run
+    from rllib_recorder.manifest import write_manifest
+
+    write_manifest(str(tmp_path), {"format": "rllib_recorder", "schema_version": schema.SCHEMA_VERSION,
+                                   "status": "finished"})
+    assert verify_run(str(tmp_path)) == []
+    with h5py.File(tmp_path / "worker-001.h5", "a") as h5:
+        del h5["agents/default_agent/fragments/head_obs"]
+    f = WorkerFile(str(tmp_path / "worker-001.h5"))
+    try:
+        with pytest.raises(SchemaError, match=r"head_obs or .*first_row is missing, so its stacks can't be rebuilt; "
+                                              r"the file is damaged: move it out of the run directory to read the "
+                                              r"rest of the run$"):
+            f.column("default_agent", "obs")
+    finally:
+        f.close()
+    assert verify_run(str(tmp_path)) == [
+        "worker-001.h5: default_agent: steps/obs stores frame stacks as newest frames, but fragments/head_obs is "
+        "missing or short, so its stacks can't be rebuilt"]
+
+
 def test_head_frames_that_are_not_exact_codes_are_kept_as_float32_and_a_later_rewrite_to_full_stacks_is_exact(
         tmp_path):
     """Float32 frames sent in full (no encoding in the runner): the writer stacks and encodes them. A first row
