@@ -1,0 +1,70 @@
+"""The garbage collector's share of a local env runner's CPU, with and without the recorder.
+
+Builds PPO twice with the env runner in this process (num_env_runners=0, as scripts/profile_sampler.py), then
+samples with each for --seconds per repetition, alternating, and times every collection (``gc.callbacks``).
+
+    python scripts/gc_share.py --env cartpole --mode complete_episodes --reps 3 --seconds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_overhead import FRAGMENT  # noqa: E402
+from profile_sampler import build  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", default="cartpole", choices=sorted(FRAGMENT))
+    parser.add_argument("--mode", default="complete_episodes", choices=["truncate_episodes", "complete_episodes"])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args()
+
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    state = {"seconds": 0.0, "collections": [0, 0, 0], "started": 0.0}
+
+    def timer(phase: str, info: dict) -> None:
+        if phase == "start":
+            state["started"] = time.perf_counter()
+        else:
+            state["seconds"] += time.perf_counter() - state["started"]
+            state["collections"][info["generation"]] += 1
+
+    gc.callbacks.append(timer)
+    with tempfile.TemporaryDirectory() as out:
+        algos = {record: build(args.env, args.mode, record, out) for record in (False, True)}
+        for rep in range(args.reps):
+            for record, algo in algos.items():
+                runner = algo.env_runner_group.local_env_runner
+                runner.sample()
+                runner.get_metrics()
+                state.update(seconds=0.0, collections=[0, 0, 0])
+                steps, cpu0, start = 0, time.process_time(), time.perf_counter()
+                while time.perf_counter() - start < args.seconds:
+                    steps += sum(len(e) for e in runner.sample())
+                    runner.get_metrics()  # as RLlib's training loop: releases the episodes kept for metrics
+                cpu = time.process_time() - cpu0
+                print(f"rep {rep} {'recorder' if record else 'none':8s}: {steps / (time.perf_counter() - start):.0f} "
+                      f"steps/s, CPU {cpu / steps * 1e6:.0f} us/step, gc collections by generation "
+                      f"{state['collections']}, {state['seconds'] * 1e3:.0f} ms ({state['seconds'] / cpu * 100:.2f}% "
+                      "of the process's CPU)", flush=True)
+        for algo in algos.values():
+            algo.stop()
+    gc.callbacks.remove(timer)
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
