@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_overhead import FRAGMENT  # noqa: E402
-from profile_sampler import build  # noqa: E402
+from profile_sampler import build, sample_for  # noqa: E402
 
 
 def main() -> None:
@@ -51,12 +51,10 @@ def main() -> None:
                 runner.sample()
                 runner.get_metrics()
                 state.update(seconds=0.0, collections=[0, 0, 0])
-                steps, cpu0, start = 0, time.process_time(), time.perf_counter()
-                while time.perf_counter() - start < args.seconds:
-                    steps += sum(len(e) for e in runner.sample())
-                    runner.get_metrics()  # as RLlib's training loop: releases the episodes kept for metrics
+                cpu0 = time.process_time()
+                steps, elapsed = sample_for(runner, args.seconds)
                 cpu = time.process_time() - cpu0
-                print(f"rep {rep} {'recorder' if record else 'none':8s}: {steps / (time.perf_counter() - start):.0f} "
+                print(f"rep {rep} {'recorder' if record else 'none':8s}: {steps / elapsed:.0f} "
                       f"steps/s, CPU {cpu / steps * 1e6:.0f} us/step, gc collections by generation "
                       f"{state['collections']}, {state['seconds'] * 1e3:.0f} ms ({state['seconds'] / cpu * 100:.2f}% "
                       "of the process's CPU)", flush=True)

@@ -40,17 +40,23 @@ def build(env: str, mode: str, record: bool, out: str):
     return config.build_algo()
 
 
+def sample_for(runner, seconds: float) -> tuple[int, float]:
+    """Samples with ``runner`` for ``seconds`` as RLlib's training loop drives it: (env steps, wall seconds)."""
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        steps += sum(len(e) for e in runner.sample())
+        runner.get_metrics()  # as RLlib's training loop: releases the episodes kept for metrics
+    return steps, time.perf_counter() - start
+
+
 def profile(algo, seconds: float) -> tuple[int, float, pstats.Stats]:
     runner = algo.env_runner_group.local_env_runner
     runner.sample()  # warm up
     profiler = cProfile.Profile()
-    steps, start = 0, time.perf_counter()
     profiler.enable()
-    while time.perf_counter() - start < seconds:
-        steps += sum(len(e) for e in runner.sample())
-        runner.get_metrics()  # as RLlib's training loop: releases the episodes kept for metrics
+    steps, elapsed = sample_for(runner, seconds)
     profiler.disable()
-    return steps, time.perf_counter() - start, pstats.Stats(profiler)
+    return steps, elapsed, pstats.Stats(profiler)
 
 
 def recorder_seconds(stats: pstats.Stats) -> dict[str, float]:
