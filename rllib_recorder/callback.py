@@ -9,7 +9,7 @@ from ray.rllib.callbacks.callbacks import RLlibCallback
 
 from rllib_recorder.config import RecorderConfig
 from rllib_recorder.driver import RunRecorder, record_sample
-from rllib_recorder.runner import keep_start_state, recorder_for
+from rllib_recorder.runner import StartStates, recorder_for
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ class RecorderCallback(RLlibCallback):
         super().__init__()
         self._run: RunRecorder | None = None
         self._logged: set[str] = set()
+        self._start_states = StartStates()
 
     @classmethod
     def configured(cls, config: RecorderConfig | None = None, **settings: Any) -> type["RecorderCallback"]:
@@ -91,7 +92,7 @@ class RecorderCallback(RLlibCallback):
         if env is None or not _keeps_start_state(episode):
             return
         try:
-            keep_start_state(episode, env, env_index, env_runner)
+            self._start_states.keep(episode, env, env_index, env_runner)
         except Exception as e:
             self._count(env_runner, "start_state", e)
 

@@ -34,12 +34,9 @@ COMPRESS_ABOVE = 4096
 _HEADER_JSON = json.JSONEncoder(separators=(",", ":"))  # one encoder for every capture's header
 
 
-def sub_env(vector_env: Any, env_index: int) -> Any | None:
-    """Sub-env ``env_index`` of the gymnasium vector env RLlib passes to ``on_episode_start`` (None if remote)."""
-    envs = getattr(getattr(vector_env, "unwrapped", vector_env), "envs", None)
-    if envs is None or env_index >= len(envs):
-        return None
-    return envs[env_index]
+def sub_envs(vector_env: Any) -> Any | None:
+    """The sub-envs of the gymnasium vector env RLlib passes to ``on_episode_start`` (None if they are remote)."""
+    return getattr(getattr(vector_env, "unwrapped", vector_env), "envs", None)
 
 
 def unsupported_reason(env: Any) -> str | None:
@@ -55,32 +52,69 @@ def unsupported_reason(env: Any) -> str | None:
 
 
 class Captured:
-    """An env's state as captured at episode start, not yet packed (packing compresses: done once, later).
-    Never changed after capture (a plain class: built on every episode start, where a frozen dataclass's
-    __init__ cost more)."""
+    """An env's state as captured at episode start: the values read (arrays copied), nothing built yet.
 
-    __slots__ = ("kind", "arrays", "meta")
+    A capture runs on every episode start, between env steps and forward passes that leave the CPU's caches
+    cold: there every Python operation costs several times its price in a loop (a capture took 47 us of a live
+    CartPole runner's CPU, 5 us in a loop). So it only reads and copies; the blob's ``arrays`` and ``meta`` are
+    built when first asked for, at packing, in the conversion's loop over a sample's episodes. Never changed
+    after capture. Pickles as its built form (it keeps the env's plan, whose weak references don't pickle).
+    """
 
-    def __init__(self, kind: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+    __slots__ = ("kind", "_plan", "_values", "_built")
+
+    def __init__(self, kind: str, plan: "_Plan | None", values: tuple,
+                 built: tuple[dict[str, np.ndarray], dict[str, Any]] | None = None) -> None:
         self.kind = kind
-        self.arrays = arrays
-        self.meta = meta
+        self._plan = plan
+        self._values = values
+        self._built = built
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        return self._build()[0]
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self._build()[1]
+
+    def _build(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        if self._built is None:
+            plan, (layer_values, rng, core, base_values) = self._plan, self._values
+            arrays: dict[str, np.ndarray] = {}
+            layers = []
+            for (index, name, names, _), values in zip(plan.layers, layer_values):
+                attrs = {a: _ref(arrays, f"L{index}.{a}", v) for a, v in zip(names, values) if v is not _ABSENT}
+                if attrs:
+                    layers.append([name, attrs])
+            meta: dict[str, Any] = {"layers": layers, "rng": rng}
+            if self.kind == KIND_ALE:
+                arrays["ale"] = np.frombuffer(core, np.uint8)
+            else:
+                arrays["state"] = core
+                meta["attrs"] = {n: _ref(arrays, f"base.{n}", v) for n, v in zip(plan.base_attrs, base_values)}
+            self._built, self._plan, self._values = (arrays, meta), None, ()
+        return self._built
 
     def pack(self, first_step_ended: bool = True) -> bytes:
         """The state blob; ``FIRST_STEP_ONLY_ATTRS`` only if the episode's first step ended it."""
+        arrays, meta = self._build()
         if first_step_ended:
-            return pack(self.arrays, self.meta)
+            return pack(arrays, meta)
         layers, dropped = [], set()
-        for name, attrs in self.meta["layers"]:
+        for name, attrs in meta["layers"]:
             kept = {a: ref for a, ref in attrs.items() if a not in FIRST_STEP_ONLY_ATTRS}
             dropped.update(_array_keys(ref) for a, ref in attrs.items() if a in FIRST_STEP_ONLY_ATTRS)
             if kept:
                 layers.append([name, kept])
-        arrays = {k: v for k, v in self.arrays.items() if k not in dropped}
-        return pack(arrays, {**self.meta, "layers": layers})
+        arrays = {k: v for k, v in arrays.items() if k not in dropped}
+        return pack(arrays, {**meta, "layers": layers})
 
     def __deepcopy__(self, memo: dict) -> "Captured":
         return self  # never changed after capture; RLlib deep-copies custom_data whenever it cuts an episode
+
+    def __reduce__(self) -> tuple:
+        return Captured, (self.kind, None, (), self._build())
 
 
 def capture(env: Any) -> tuple[str, bytes] | None:
@@ -90,25 +124,21 @@ def capture(env: Any) -> tuple[str, bytes] | None:
 
 
 def capture_state(env: Any) -> Captured | None:
-    """``env``'s state as it is now (arrays copied, nothing packed yet), or None if the env is not supported."""
+    """``env``'s state as it is now (values read and arrays copied, nothing packed), or None if the env is not
+    supported."""
     plan = _plan_of(env)
     if plan is None:
         return None
     base = plan.base()
-    arrays: dict[str, np.ndarray] = {}
-    layers = []
-    for index, name, names, layer in plan.layers:
+    layer_values = []
+    for _, _, names, layer in plan.layers:
         values = layer().__dict__
-        attrs = {a: _put(arrays, f"L{index}.{a}", values[a]) for a in names if a in values}
-        if attrs:
-            layers.append([name, attrs])
-    meta: dict[str, Any] = {"layers": layers, "rng": _rng_state(base)}
+        layer_values.append([_snap(values[a]) if a in values else _ABSENT for a in names])
+    rng = _rng_state(base)
     if plan.kind == KIND_ALE:
-        arrays["ale"] = np.frombuffer(base.ale.cloneState(include_rng=True).serialize(), np.uint8)
-    else:
-        arrays["state"] = np.array(base.state)
-        meta["attrs"] = {n: _put(arrays, f"base.{n}", getattr(base, n)) for n in plan.base_attrs}
-    return Captured(plan.kind, arrays, meta)
+        return Captured(KIND_ALE, plan, (layer_values, rng, base.ale.cloneState(include_rng=True).serialize(), ()))
+    return Captured(KIND_CLASSIC, plan,
+                    (layer_values, rng, np.array(base.state), [_snap(getattr(base, n)) for n in plan.base_attrs]))
 
 
 class _Plan:
@@ -268,22 +298,53 @@ def _rng_state(base: Any) -> dict[str, Any] | None:
     return None if rng is None else rng.bit_generator.state
 
 
-def _put(arrays: dict[str, np.ndarray], key: str, value: Any) -> Any:
-    """JSON-able reference to ``value``: plain scalars inline, arrays (and deques of arrays) in ``arrays``."""
-    if isinstance(value, deque):
-        items = list(value)
-        if len(items) > 1 and all(_same(items[0], item) for item in items[1:]):
+# A wrapper attribute the plan names that the wrapper does not have at this capture.
+_ABSENT = object()
+# Values stored inline in the meta as they are (the common case: a TimeLimit's step count).
+_INLINE = frozenset((int, float, bool, str, type(None)))
+
+
+class _Frames:
+    """A deque of arrays as captured: its items stacked, or its one item when a reset repeated it."""
+
+    __slots__ = ("stacked", "maxlen", "repeat")
+
+    def __init__(self, items: deque) -> None:
+        items_ = list(items)
+        self.maxlen = items.maxlen
+        self.repeat = 0
+        if len(items_) > 1 and all(_same(items_[0], item) for item in items_[1:]):
             # a frame stack just after a reset holds its first frame K times: stored once (a quarter of the bytes
             # to copy and compress on every episode start of an Atari env)
-            arrays[key] = np.array(items[0])[None]
-            return {"deque": key, "maxlen": value.maxlen, "repeat": len(items)}
-        arrays[key] = np.stack(items) if items else np.zeros(0)
-        return {"deque": key, "maxlen": value.maxlen}
+            self.stacked, self.repeat = np.array(items_[0])[None], len(items_)
+        else:
+            self.stacked = np.stack(items_) if items_ else np.zeros(0)
+
+
+def _snap(value: Any) -> Any:
+    """``value`` as it is now: arrays copied (wrappers update their buffers in place), numpy scalars as Python's."""
+    if type(value) in _INLINE:
+        return value
     if isinstance(value, np.ndarray):
-        arrays[key] = value.copy()  # wrappers update their buffers in place
-        return {"array": key}
+        return value.copy()
+    if isinstance(value, deque):
+        return _Frames(value)
     if isinstance(value, np.generic):
         return value.item()
+    return value
+
+
+def _ref(arrays: dict[str, np.ndarray], key: str, value: Any) -> Any:
+    """JSON-able reference to a ``_snap``: plain values inline, arrays (and deques of arrays) in ``arrays``."""
+    if isinstance(value, np.ndarray):
+        arrays[key] = value
+        return {"array": key}
+    if isinstance(value, _Frames):
+        arrays[key] = value.stacked
+        ref = {"deque": key, "maxlen": value.maxlen}
+        if value.repeat:
+            ref["repeat"] = value.repeat
+        return ref
     return value
 
 
@@ -296,7 +357,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _array_keys(ref: Any) -> str | None:
-    """The ``arrays`` key a ``_put`` reference names (None for an inline value)."""
+    """The ``arrays`` key a ``_ref`` reference names (None for an inline value)."""
     return ref.get("deque", ref.get("array")) if isinstance(ref, dict) else None
 
 

@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Any
 
 from rllib_recorder.convert import START_STATE_KEY, Chunk, ConvertOptions, batch_to_chunk, episodes_to_chunk
-from rllib_recorder.envstate import capture_state, sub_env
+from rllib_recorder.envstate import capture_state, sub_envs
 from rllib_recorder.outbox import Outbox
 from rllib_recorder.pool import Binding, RayTransport
 
@@ -55,18 +55,36 @@ def drain_env_runner(env_runner: Any, timeout_s: float) -> dict[str, Any]:
     return recorder.drain(timeout_s)
 
 
-def keep_start_state(episode: Any, vector_env: Any, env_index: int, env_runner: Any = None) -> None:
-    """Keeps the start state of ``episode``'s sub-env on the episode.
+class StartStates:
+    """Keeps each new episode's start state on the episode, for one env runner's callback object.
 
-    Nothing when it can't be captured, or when ``env_runner`` does not record it (an evaluation
-    runner with ``record_evaluation=False``, or ``record_start_states=False``).
+    Runs on every episode start (new API stack, single agent), so it remembers its runner's recorder and the
+    vector env's sub-envs instead of looking them up each time (RLlib passes the same objects until it recreates
+    the runner or its env). Nothing when the state can't be captured, or when the runner does not record it (an
+    evaluation runner with ``record_evaluation=False``, or ``record_start_states=False``).
     """
-    if env_runner is not None and not recorder_for(env_runner).records_start_states:
-        return
-    env = sub_env(vector_env, env_index)
-    captured = capture_state(env) if env is not None else None  # packed at conversion
-    if captured is not None:
-        episode.custom_data[START_STATE_KEY] = captured
+
+    __slots__ = ("_runner", "_recorder", "_vector_env", "_envs")
+
+    def __init__(self) -> None:
+        self._runner: Any = None
+        self._recorder: RunnerRecorder | None = None
+        self._vector_env: Any = None
+        self._envs: Any = None
+
+    def keep(self, episode: Any, vector_env: Any, env_index: int, env_runner: Any = None) -> None:
+        if env_runner is not self._runner:
+            self._runner, self._recorder = env_runner, None if env_runner is None else recorder_for(env_runner)
+        if self._recorder is not None and not self._recorder.records_start_states:
+            return
+        if vector_env is not self._vector_env:
+            self._vector_env, self._envs = vector_env, sub_envs(vector_env)
+        envs = self._envs
+        if envs is None or env_index >= len(envs):
+            return
+        captured = capture_state(envs[env_index])  # packed at conversion
+        if captured is not None:
+            episode.custom_data[START_STATE_KEY] = captured
 
 
 class RunnerRecorder:

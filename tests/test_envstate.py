@@ -146,7 +146,7 @@ def test_start_state_is_not_captured_on_a_runner_that_does_not_record():
 
     from rllib_recorder.config import RecorderConfig
     from rllib_recorder.pool import Binding
-    from rllib_recorder.runner import keep_start_state, recorder_for
+    from rllib_recorder.runner import StartStates, recorder_for
 
     class Runner:  # what the recorder reads of an EnvRunner (weak-referenceable, like one)
         def __init__(self, worker_index, in_evaluation):
@@ -157,11 +157,40 @@ def test_start_state_is_not_captured_on_a_runner_that_does_not_record():
     evaluation = Runner(1, True)
     recorder_for(evaluation).bind(Binding("r", "/nonexistent", "ns", 1, RecorderConfig(record_evaluation=False)))
     episode = SingleAgentEpisode()
-    keep_start_state(episode, vector_env, 0, evaluation)
+    keeper = StartStates()  # one per callback object: it remembers the runner's recorder and the sub-envs
+    keeper.keep(episode, vector_env, 0, evaluation)
     assert not episode.custom_data
     unbound = Runner(2, False)
-    keep_start_state(episode, vector_env, 0, unbound)  # not bound yet: captured (held until bound)
+    keeper.keep(episode, vector_env, 0, unbound)  # not bound yet: captured (held until bound)
     assert set(episode.custom_data) == {"rllib_recorder.start_state"}
+    first = episode.custom_data["rllib_recorder.start_state"].arrays["state"]
+    np.testing.assert_array_equal(first, vector_env.envs[0].unwrapped.state)
+    recreated = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")])  # RLlib recreated the env
+    recreated.reset(seed=1)
+    keeper.keep(episode, recreated, 0, unbound)
+    np.testing.assert_array_equal(episode.custom_data["rllib_recorder.start_state"].arrays["state"],
+                                  recreated.envs[0].unwrapped.state)
+    assert not np.array_equal(first, recreated.envs[0].unwrapped.state)
+    keeper.keep(SingleAgentEpisode(), recreated, 3, unbound)  # no such sub-env: nothing, no error
+
+
+def test_a_captured_state_pickles_as_its_blob_and_keeps_none_of_the_env():
+    import pickle
+    import weakref
+
+    env = gym.make("CartPole-v1")
+    env.reset(seed=3)
+    captured = envstate.capture_state(env)
+    env.step(0)  # the capture copied the state: stepping does not change it
+    blob = captured.pack()
+    assert pickle.loads(pickle.dumps(captured)).pack() == blob
+    assert pickle.loads(pickle.dumps(envstate.capture_state(env))).pack() != blob
+    gone = weakref.ref(env.unwrapped)
+    del env
+    import gc
+
+    gc.collect()
+    assert gone() is None and captured.pack() == blob
 
 
 def _stored_layer_attrs(blob: bytes) -> set[str]:
