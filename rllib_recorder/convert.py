@@ -95,6 +95,15 @@ class Chunk:
                     total += a.nbytes * factor
         return total
 
+    @property
+    def held_nbytes(self) -> int:
+        """Bytes of the arrays as held and sent (encoded columns as their uint8 codes, frame stacks as their newest
+        frames): what coalescing holds in the env runner's memory, and what a hand-off carries."""
+        total = 0
+        for s in self.streams.values():
+            total += sum(a.nbytes for a in s.steps.values()) + sum(a.nbytes for a in s.fragments.values())
+        return total
+
     def __repr__(self) -> str:
         return (
             f"Chunk(env_steps={self.env_steps}, agent_steps={self.agent_steps}, "

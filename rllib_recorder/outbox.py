@@ -121,7 +121,7 @@ class Outbox:
             self._pending_since = self.clock()
         self._pending.append(chunk)
         self.stats.rows_pending += chunk.agent_steps
-        self._pending_bytes += chunk.nbytes
+        self._pending_bytes += chunk.held_nbytes  # as held: an Atari sample's codes, not its float32 stacks
         self.poll()
         if (self.stats.rows_pending >= self.coalesce_rows
                 or (self.coalesce_bytes and self._pending_bytes >= self.coalesce_bytes)

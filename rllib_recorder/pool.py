@@ -38,7 +38,7 @@ def chunk_pieces(chunk: Chunk, limit: int = INLINE_CHUNK_BYTES) -> list[memoryvi
     """``chunk`` pickled and cut into pieces Ray inlines in an actor call, or None if it pickles to more than
     ``limit`` bytes (it then goes as it is, through the object store). ``RecordingWriter.append_pieces`` joins
     them."""
-    if chunk.nbytes > limit:  # the arrays alone are too big: don't pickle to find out
+    if chunk.held_nbytes > limit:  # the arrays alone are too big: don't pickle to find out
         return None
     data = pickle.dumps(chunk, protocol=5)
     if len(data) > limit:

@@ -98,7 +98,7 @@ def timed_sampling(runner: Any, seconds: float) -> dict[str, Any]:
 BUDGET = {"truncate_episodes": 0.02, "complete_episodes": 0.05}
 
 
-def measure_row(env: str, runners: int, mode: str, seconds: float, reps: int) -> dict[str, Any]:
+def measure_row(env: str, runners: int, mode: str, seconds: float, reps: int, settings: str = "") -> dict[str, Any]:
     """One row: every rep's callbacks share of the runners' main-thread CPU and writers' share of all CPU, plus
     the per-function totals over all reps."""
     import ray
@@ -106,7 +106,7 @@ def measure_row(env: str, runners: int, mode: str, seconds: float, reps: int) ->
     ray.init(address="local", num_cpus=2 * runners + 1, include_dashboard=False, log_to_driver=False)
     try:
         with tempfile.TemporaryDirectory() as out:
-            algo = build(env, runners, mode, "recorder", out)
+            algo = build(env, runners, mode, f"recorder:{settings}" if settings else "recorder", out)
             group = algo.env_runner_group
             group.foreach_env_runner(install_timers, local_env_runner=False)
             group.foreach_env_runner(lambda r: timed_sampling(r, 3.0), local_env_runner=False)  # warm up
@@ -178,6 +178,8 @@ def main() -> None:
                         choices=["truncate_episodes", "complete_episodes"])
     parser.add_argument("--seconds", type=float, default=None, help="per rep (default: cartpole 15, breakout 25)")
     parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--settings", default="", metavar="KEY=VALUE[,KEY=VALUE]",
+                        help="recorder settings other than the defaults (e.g. coalesce_s=3)")
     parser.add_argument("--write", action="store_true", help="also write the tables into docs/BENCHMARKS.md")
     args = parser.parse_args()
 
@@ -187,7 +189,7 @@ def main() -> None:
         for runners in args.runners or ([1, 2, 4] if env == "cartpole" else [1, 2]):
             for mode in args.modes:
                 seconds = args.seconds or (15.0 if env == "cartpole" else 25.0)
-                rows.append(measure_row(env, runners, mode, seconds, args.reps))
+                rows.append(measure_row(env, runners, mode, seconds, args.reps, args.settings))
                 print(functions_table(rows[-1]), "\n", flush=True)
     summary = summary_table(rows, cpus)
     print(summary)

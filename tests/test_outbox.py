@@ -191,3 +191,25 @@ def test_coalesced_frames_are_sent_as_uint8_codes_and_kept_that_way_for_resendin
                           np.concatenate([frames[:-1] for _, frames in parts]))
     assert chunk_sent.nbytes == sum(episodes_to_chunk([e]).nbytes for e, _ in parts)
     assert outbox._in_flight[0].chunk is chunk_sent  # a resend sends the same codes
+
+
+def test_coalesce_bytes_counts_the_arrays_as_held_not_the_float32_stacks_they_stand_for():
+    from rllib_recorder.convert import ConvertOptions
+    from tests.helpers import image_episode, stacked_frames
+
+    rng = np.random.default_rng(5)
+    options = ConvertOptions(encode_images=True, stack_frames=True)
+    samples = [episodes_to_chunk([image_episode(stacked_frames(rng, 20, size=16), f"e{i}")[0]], options)
+               for i in range(3)]
+    one = samples[0]
+    # an Atari-like sample: uint8 newest frames, 16x fewer bytes than the float32 stacks it stands for
+    assert one.held_nbytes < one.nbytes / 8
+    assert one.held_nbytes == sum(a.nbytes for s in one.streams.values() for a in (*s.steps.values(),
+                                                                                   *s.fragments.values()))
+    outbox, transport, _ = make(dict(auto_ack=True), coalesce_rows=1000, coalesce_s=60,
+                                coalesce_bytes=2 * one.held_nbytes + 1)
+    outbox.add(samples[0])
+    outbox.add(samples[1])  # raw bytes would be far over the limit: held, not sent
+    assert transport.sent == []
+    outbox.add(samples[2])
+    assert transport.sent == [(0, 60)]
