@@ -32,7 +32,8 @@ class RecorderConfig:
             are pending, so that small batches do not cost one actor call each.
             ``0`` sends every sample at once.
         coalesce_s: Held rows are sent at the latest after this many seconds.
-        coalesce_bytes: ... or once the held arrays reach this many bytes (images).
+        coalesce_bytes: ... or once the held arrays reach this many bytes (images; as held, e.g. an
+            Atari sample's uint8 newest frames, not the float32 stacks they stand for).
         compression: HDF5 filter for step columns: ``gzip``, ``lzf`` or ``none`` (a column
             whose first rows compress less than 1.25x is stored unfiltered).
         compression_level: gzip level, 0-9.
