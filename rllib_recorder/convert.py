@@ -48,6 +48,11 @@ class Stream:
         return len(self.steps["rewards"])
 
     @property
+    def held_nbytes(self) -> int:
+        """Bytes of the arrays as they are held (encoded columns as codes, frame stacks as newest frames)."""
+        return sum(a.nbytes for a in self.steps.values()) + sum(a.nbytes for a in self.fragments.values())
+
+    @property
     def heads(self) -> set[str]:
         """The fragment columns that hold the head frames of the stacked step columns."""
         return {HEAD_PREFIX + path for path in self.stacked} if self.stacked else set()
@@ -82,8 +87,8 @@ class Chunk:
         full stacks of every row)."""
         total = 0
         for s in self.streams.values():
-            if not s.encoded and not s.stacked:  # most streams: no image column
-                total += sum(a.nbytes for a in s.steps.values()) + sum(a.nbytes for a in s.fragments.values())
+            if not s.encoded and not s.stacked:  # most streams: no image column, raw as held
+                total += s.held_nbytes
                 continue
             heads = s.heads
             for table, cols in (("steps", s.steps), ("fragments", s.fragments)):
@@ -99,10 +104,7 @@ class Chunk:
     def held_nbytes(self) -> int:
         """Bytes of the arrays as held and sent (encoded columns as their uint8 codes, frame stacks as their newest
         frames): what coalescing holds in the env runner's memory, and what a hand-off carries."""
-        total = 0
-        for s in self.streams.values():
-            total += sum(a.nbytes for a in s.steps.values()) + sum(a.nbytes for a in s.fragments.values())
-        return total
+        return sum(s.held_nbytes for s in self.streams.values())
 
     def __repr__(self) -> str:
         return (
