@@ -8,7 +8,6 @@ samples with each for --seconds per repetition, alternating, and times every col
 
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import sys
@@ -18,21 +17,16 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_overhead import FRAGMENT  # noqa: E402
-from profile_sampler import build, sample_for  # noqa: E402
+from profile_sampler import build, sample_for, sampler_parser, start_ray  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--env", default="cartpole", choices=sorted(FRAGMENT))
-    parser.add_argument("--mode", default="complete_episodes", choices=["truncate_episodes", "complete_episodes"])
+    parser = sampler_parser(__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args()
-
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_ray()
     state = {"seconds": 0.0, "collections": [0, 0, 0], "started": 0.0}
 
     def timer(phase: str, info: dict) -> None:

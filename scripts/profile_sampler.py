@@ -40,6 +40,22 @@ def build(env: str, mode: str, record: bool, out: str):
     return config.build_algo()
 
 
+def sampler_parser(description: str) -> argparse.ArgumentParser:
+    """The flags of a local env runner's sampling (this script's and gc_share.py's): --env, --mode, --seconds."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--env", default="cartpole", choices=sorted(FRAGMENT))
+    parser.add_argument("--mode", default="complete_episodes", choices=["truncate_episodes", "complete_episodes"])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    return parser
+
+
+def start_ray() -> None:
+    """Ray for a local env runner: 2 CPUs, no dashboard, workers' logs kept out of the output."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+
 def sample_for(runner, seconds: float) -> tuple[int, float]:
     """Samples with ``runner`` for ``seconds`` as RLlib's training loop drives it: (env steps, wall seconds)."""
     steps, start = 0, time.perf_counter()
@@ -69,16 +85,12 @@ def recorder_seconds(stats: pstats.Stats) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--env", default="cartpole", choices=sorted(FRAGMENT))
-    parser.add_argument("--mode", default="complete_episodes", choices=["truncate_episodes", "complete_episodes"])
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser = sampler_parser(__doc__.splitlines()[0])
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
-
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_ray()
     with tempfile.TemporaryDirectory() as out:
         for record in (False, True):
             algo = build(args.env, args.mode, record, out)

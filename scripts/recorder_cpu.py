@@ -155,16 +155,19 @@ def sampler_cost(row: dict[str, Any], cpus: int) -> list[float]:
     return [c + w for c, w in zip(row["callbacks"], writer)]
 
 
+def _percent(shares: list[float]) -> str:
+    return benchdoc.cell([100 * v for v in shares], "{:.2f}%")
+
+
 def summary_table(rows: list[dict[str, Any]], cpus: int) -> str:
     lines = ["| env | runners | batch mode | runner CPU per step | callbacks | writer | cost to the sampler | budget |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        pct = lambda values: benchdoc.cell([100 * v for v in values], "{:.2f}%")  # noqa: E731
         own = " (own core)" if r["runners"] < cpus else ""
         cost = sampler_cost(r, cpus)
         verdict = "within" if statistics.median(cost) <= BUDGET[r["mode"]] else "over"
         lines.append(f"| {r['env']} | {r['runners']} | {r['mode']} | {1e6 * r['cpu'] / r['steps']:.0f} us "
-                     f"| {pct(r['callbacks'])} | {pct(r['writer'])}{own} | {pct(cost)} "
+                     f"| {_percent(r['callbacks'])} | {_percent(r['writer'])}{own} | {_percent(cost)} "
                      f"| {100 * BUDGET[r['mode']]:.0f}%: {verdict} |")
     return "\n".join(lines)
 
