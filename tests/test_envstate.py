@@ -175,22 +175,27 @@ def test_start_state_is_not_captured_on_a_runner_that_does_not_record():
 
 
 def test_a_captured_state_pickles_as_its_blob_and_keeps_none_of_the_env():
+    import gc
     import pickle
     import weakref
 
     env = gym.make("CartPole-v1")
     env.reset(seed=3)
+    at_reset = env.unwrapped.state.copy()
     captured = envstate.capture_state(env)
-    env.step(0)  # the capture copied the state: stepping does not change it
+    env.step(0)  # the capture copied the state: stepping does not change it (its blob is built only now)
+    np.testing.assert_array_equal(captured.arrays["state"], at_reset)
     blob = captured.pack()
     assert pickle.loads(pickle.dumps(captured)).pack() == blob
+    after_step = env.unwrapped.state.copy()
+    unbuilt = envstate.capture_state(env)
     assert pickle.loads(pickle.dumps(envstate.capture_state(env))).pack() != blob
     gone = weakref.ref(env.unwrapped)
     del env
-    import gc
-
     gc.collect()
-    assert gone() is None and captured.pack() == blob
+    assert gone() is None  # neither capture, built or not, keeps the env alive
+    assert captured.pack() == blob
+    np.testing.assert_array_equal(envstate.unpack(unbuilt.pack())[0]["state"], after_step)
 
 
 def _stored_layer_attrs(blob: bytes) -> set[str]:
