@@ -89,12 +89,15 @@ def env_name(env: str) -> str:
     return "bench-breakout"
 
 
-def timed_sampling(runner: Any, seconds: float) -> dict[str, float]:
+def timed_sampling(runner: Any, seconds: float, start_at: float | None = None) -> dict[str, float]:
     """Runs inside one env runner: sample() and get_metrics() in a loop for ``seconds``, as RLlib's training loop.
 
     get_metrics() releases the episodes the runner keeps for its metrics; without it the runner's memory grows
-    by every sampled frame, and the page faults of that growth, not the recorder, set the pace.
+    by every sampled frame, and the page faults of that growth, not the recorder, set the pace. ``start_at``
+    (a ``time.time()``): wait until then, so that runners timed together start together.
     """
+    if start_at is not None:
+        time.sleep(max(0.0, start_at - time.time()))
     steps = calls = 0
     start, cpu = time.perf_counter(), time.process_time()
     while time.perf_counter() - start < seconds:

@@ -1,0 +1,265 @@
+"""Sampling throughput with and without the recorder, timed in the same seconds on the same CPUs.
+
+Why: this machine's CPUs change speed by up to 1.9x from one second to the next, and its two CPUs differ from
+each other in the same second by 0.6-1.3x (``scripts/cpu_speed.py``). Variants timed one after another
+(``bench_overhead.py``) therefore differ by more than the 2% the targets allow, and so do blocks of the same env
+runners seconds apart with the recorder switched on and off (tried: an A/A ratio of 0.87-1.46 for adjacent 3 s
+blocks). Here two algorithms, "none" (no recording) and "recorder" (default settings), sample at once, and a
+driver thread moves their env runners' main threads between the CPUs every ``--tick`` seconds, so that at every
+moment each CPU runs as many runners of one variant as of the other, and over a block each runner spends equal
+time on each CPU. With ``--aa`` the second algorithm is a second plain config ("control"): its ratio is the noise
+floor of this method.
+
+What pairing hides, and how it is put back. Both variants' runners share the CPUs equally, so the writers' CPU
+is taken from both alike and the paired ratio leaves it out. The ratio judged against the targets charges it as
+the recorder would pay it alone: when its runners leave no CPU idle (runners >= CPUs), the paired ratio times
+(1 - the writers' share alone); that share is the writers' work per step over the runners' CPU per step plus
+it, and Ray's floor for an actor (the writers' CPU per second with nothing sampled, measured for 3 s after each
+block) over the machine's CPUs. With fewer runners than CPUs the writers run on an idle CPU: nothing is charged.
+
+    python scripts/bench_paired.py --write                      # all 10 rows, into docs/BENCHMARKS.md
+    python scripts/bench_paired.py --env cartpole --runners 4 --modes truncate_episodes --reps 3 --aa
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import benchdoc  # noqa: E402
+from bench_overhead import build, dir_bytes, drain, recorder_state, timed_sampling, writers_cpu  # noqa: E402
+
+CPUS = os.cpu_count() or 1
+SECONDS = {"cartpole": 20.0, "breakout": 30.0}
+
+
+def runner_pid(runner: Any) -> int:
+    return os.getpid()
+
+
+class Rotation:
+    """Moves the runners' main threads between the CPUs every ``tick`` s: runner j of variant v sits on CPU
+    (v + j + t) % CPUS at tick t, so every CPU holds as many runners of each variant at every moment."""
+
+    def __init__(self, pids: list[list[int]], tick: float) -> None:
+        self.pids, self.tick = pids, tick
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.moves = 0
+
+    def __enter__(self) -> "Rotation":
+        self._place(0)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        for pids in self.pids:
+            for pid in pids:
+                _set_affinity(pid, set(range(CPUS)))
+
+    def _place(self, t: int) -> None:
+        for v, pids in enumerate(self.pids):
+            for j, pid in enumerate(pids):
+                _set_affinity(pid, {(v + j + t) % CPUS})
+        self.moves += 1
+
+    def _run(self) -> None:
+        t = 1
+        while not self._stop.wait(self.tick):
+            self._place(t)
+            t += 1
+
+
+def _set_affinity(pid: int, cpus: set[int]) -> None:
+    try:
+        os.sched_setaffinity(pid, cpus)
+    except ProcessLookupError:  # a runner died; the block reports it
+        pass
+
+
+def idle_writer_cpu(group: Any, seconds: float = 3.0) -> float:
+    """CPU seconds per second of the group's writers while nothing is sampled or sent: Ray's floor for an actor."""
+    before, start = writers_cpu(group), time.perf_counter()
+    time.sleep(seconds)
+    after = writers_cpu(group)
+    return sum(v - before[k] for k, v in after.items()) / (time.perf_counter() - start)
+
+
+def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work: str, other: str, tick: float,
+              warmup: float = 3.0, settle: float = 1.0) -> dict[str, Any]:
+    names = ("none", other)
+    outs = {v: os.path.join(work, f"{env}-{runners}-{mode}-{v}") for v in names}
+    algos = {v: build(env, runners, mode, v, outs[v]) for v in names}
+    groups = {v: a.env_runner_group for v, a in algos.items()}
+    sampled: dict[str, int] = defaultdict(int)
+
+    def sample_together(block_s: float, order: tuple[str, ...]) -> dict[str, list[dict[str, float]]]:
+        pids = [groups[v].foreach_env_runner(runner_pid, local_env_runner=False) for v in order]
+        start_at = time.time() + 1.0  # the calls reach the runners at different times; they start together
+        with Rotation(pids, tick), concurrent.futures.ThreadPoolExecutor(len(order)) as pool:
+            futures = {v: pool.submit(groups[v].foreach_env_runner,
+                                      lambda r: timed_sampling(r, block_s, start_at), local_env_runner=False)
+                       for v in order}
+            parts = {v: f.result() for v, f in futures.items()}
+        for v, p in parts.items():
+            if len(p) != runners:
+                raise RuntimeError(f"{v}: an env runner died during the block (see the log above)")
+            sampled[v] += sum(x["steps"] for x in p)
+        return parts
+
+    for v in names:  # env creation, first forward passes, the recorder's first hand-off and file
+        sampled[v] += sum(p["steps"] for p in groups[v].foreach_env_runner(
+            lambda r: timed_sampling(r, warmup), local_env_runner=False))
+    sample_together(warmup, names)
+    out: dict[str, list[float]] = defaultdict(list)
+    recording = other == "recorder"
+    try:
+        for rep in range(reps):
+            order = names if rep % 2 == 0 else names[::-1]  # which variant starts on which CPU alternates too
+            time.sleep(settle)
+            if recording:
+                state0, wcpu0 = groups[other].foreach_env_runner(recorder_state, local_env_runner=False), \
+                    writers_cpu(groups[other])
+            block_start = time.perf_counter()
+            parts = sample_together(seconds, order)
+            # each runner's own rate: a runner finishing its last sample() after the others have stopped runs
+            # faster then, and that must not count for the others
+            rate = {v: sum(p["steps"] / p["elapsed"] for p in parts[v]) for v in names}
+            cps = {v: sum(p["cpu"] for p in parts[v]) / sum(p["steps"] for p in parts[v]) for v in names}
+            ratio = rate[other] / rate["none"]
+            out["none_rate"].append(rate["none"])
+            out["ratio"].append(ratio)
+            out["cpu_ratio"].append(cps["none"] / cps[other])
+            line = (f"  rep {rep}: none {rate['none']:.0f}, {other} {rate[other]:.0f} steps/s: ratio {ratio:.3f}; "
+                    f"CPU per step ratio {out['cpu_ratio'][-1]:.3f}")
+            if recording:
+                out["drain_s"].append(max(groups[other].foreach_env_runner(drain, local_env_runner=False)))
+                writer_s = sum(v - wcpu0.get(k, 0.0) for k, v in writers_cpu(groups[other]).items())
+                block_s = time.perf_counter() - block_start
+                floor = idle_writer_cpu(groups[other])
+                steps = sum(p["steps"] for p in parts[other])
+                work_ps = max(0.0, writer_s - floor * block_s) / steps
+                alone = (work_ps / (cps[other] + work_ps) + floor / CPUS) if runners >= CPUS else 0.0
+                out["charged"].append(ratio * (1 - alone))
+                out["writer_alone"].append(alone)
+                out["floor"].append(floor / CPUS)
+                state1 = groups[other].foreach_env_runner(recorder_state, local_env_runner=False)
+                samples = sum(a["samples"] - b["samples"] for a, b in zip(state1, state0))
+                out["wait_ms"].append(1000 * sum(a["wait_s"] - b["wait_s"] for a, b in zip(state1, state0))
+                                      / max(1, samples))
+                line += (f"; writers charged {100 * alone:.2f}% (floor {100 * floor / CPUS:.2f}%): "
+                         f"{out['charged'][-1]:.3f}; drain {out['drain_s'][-1]:.2f} s")
+            print(line, flush=True)
+    finally:
+        for algo in algos.values():
+            algo.stop()
+    row: dict[str, Any] = {"env": env, "runners": runners, "mode": mode, "other": other, "reps": reps,
+                           "seconds": seconds, **out}
+    if recording:
+        from rllib_recorder.reader import open_run
+
+        run_dir = next(d for d, _, files in os.walk(outs[other]) if "manifest.json" in files)
+        with open_run(run_dir) as run:
+            row["stored"], raw = run.num_env_steps, run.manifest.get("totals", {}).get("raw_bytes", 0)
+            row["bytes_per_step"] = dir_bytes(run_dir) / max(1, row["stored"])
+            row["compression"] = raw / max(1, dir_bytes(run_dir))
+        row["sampled"] = sampled[other]
+    return row
+
+
+def target(mode: str) -> float:
+    return 0.98 if mode == "truncate_episodes" else 0.95
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| env | runners | batch mode | reps x s | none steps/s (paired) | variant | ratio, writers charged "
+        "| target | paired ratio | CPU per step ratio | writers' share charged | of it Ray's actor floor "
+        "| wait ms/sample | drain s | bytes/step | compression | stored = sampled |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        head = (f"| {r['env']} | {r['runners']} | {r['mode']} | {r['reps']} x {r['seconds']:.0f} "
+                f"| {benchdoc.cell(r['none_rate'], '{:.0f}')} | {r['other']} ")
+        if r["other"] != "recorder":  # A/A control
+            lines.append(head + f"| - | - | {benchdoc.cell(r['ratio'])} | {benchdoc.cell(r['cpu_ratio'])} "
+                         "| - | - | - | - | - | - | - |")
+            continue
+        verdict = "met" if statistics.median(r["charged"]) >= target(r["mode"]) else "missed"
+        lines.append(
+            head + f"| **{benchdoc.cell(r['charged'])}** | {target(r['mode'])}: {verdict} "
+            f"| {benchdoc.cell(r['ratio'])} | {benchdoc.cell(r['cpu_ratio'])} "
+            f"| {benchdoc.cell([100 * w for w in r['writer_alone']], '{:.2f}')}% "
+            f"| {benchdoc.cell([100 * w for w in r['floor']], '{:.2f}')}% "
+            f"| {benchdoc.cell(r['wait_ms'], '{:.2f}')} | {max(r['drain_s']):.2f} | {r['bytes_per_step']:.0f} "
+            f"| {r['compression']:.1f}x | {'yes' if r['stored'] == r['sampled'] else 'NO'} ({r['stored']}) |")
+    return "\n".join(lines)
+
+
+NOTE = """
+
+Each cell: median (min) over the repetitions. `none steps/s (paired)`: no recording's throughput while the other
+variant sampled too (each env runner's steps over its own elapsed time, summed). `paired ratio`: the variant's
+throughput over none's in the same seconds. `CPU per step ratio`: none's runner CPU per step over the variant's
+(runner processes only). `ratio, writers charged`: the paired ratio times (1 - `writers' share charged`), the
+share of the CPU the writers would take from the runners alone (their work per step, and Ray's floor for an
+actor as a share of the machine; nothing when the runners leave a CPU idle); judged against the target. Rows
+with variant `control` (`--aa`): a second plain config in place of the recorder, the noise floor of the method.
+`stored = sampled`: the steps in the recorder's files equal the steps its runners sampled (warm-up included).
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", nargs="+", default=["cartpole", "breakout"], choices=["cartpole", "breakout"])
+    parser.add_argument("--runners", nargs="+", type=int, default=None,
+                        help="env runner counts (default: cartpole 1 2 4, breakout 1 2)")
+    parser.add_argument("--modes", nargs="+", default=["truncate_episodes", "complete_episodes"])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=None, help="block length (default: cartpole 20, breakout 30)")
+    parser.add_argument("--tick", type=float, default=0.25, help="seconds between moves of the runners' CPUs")
+    parser.add_argument("--aa", action="store_true", help="a second plain config in place of the recorder (A/A)")
+    parser.add_argument("--write", action="store_true", help="write the table into docs/BENCHMARKS.md")
+    args = parser.parse_args()
+
+    import ray
+
+    ray.init(address="local", num_cpus=2 * max(args.runners or [4]) + 1, include_dashboard=False,
+             log_to_driver=False)
+    work = tempfile.mkdtemp(prefix="bench_paired_")
+    rows = []
+    try:
+        for env in args.env:
+            for runners in args.runners or ([1, 2, 4] if env == "cartpole" else [1, 2]):
+                for mode in args.modes:
+                    seconds = args.seconds or SECONDS[env]
+                    print(f"{env}, {runners} runners, {mode}: {args.reps} x {seconds:.0f} s", flush=True)
+                    rows.append(bench_row(env, runners, mode, args.reps, seconds, work,
+                                          "control" if args.aa else "recorder", args.tick))
+    finally:
+        ray.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
+    print(table(rows))
+    for r in rows:
+        if r.get("stored", r.get("sampled")) != r.get("sampled"):
+            print(f"LOST DATA: {r['env']} {r['runners']} {r['mode']}: sampled {r['sampled']}, stored {r['stored']}")
+    if args.write:
+        benchdoc.write_section("Sampling overhead, paired (scripts/bench_paired.py)", table(rows) + NOTE)
+
+
+if __name__ == "__main__":
+    main()
