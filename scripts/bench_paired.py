@@ -49,12 +49,28 @@ def runner_pid(runner: Any) -> int:
     return os.getpid()
 
 
+def writer_pid(runner: Any) -> dict[str, int]:
+    """Runs inside one env runner: {its writer actor's name: the writer's process id}."""
+    import ray
+
+    from rllib_recorder.runner import recorder_for
+
+    transport = recorder_for(runner).transport
+    return {transport.writer_name: ray.get(transport.writer_actor.__ray_call__.remote(
+        lambda self: __import__("os").getpid()))}
+
+
 class Rotation:
     """Moves the runners' main threads between the CPUs every ``tick`` s: runner j of variant v sits on CPU
-    (v + j + t) % CPUS at tick t, so every CPU holds as many runners of each variant at every moment."""
+    (v + j + t) % CPUS at tick t, so every CPU holds as many runners of each variant at every moment.
 
-    def __init__(self, pids: list[list[int]], tick: float) -> None:
-        self.pids, self.tick = pids, tick
+    ``shared`` processes (the writers), every thread of them, sit on CPU (t // 2) % CPUS: half of the time beside
+    each variant's runners. Left alone, the scheduler tends to wake a writer on the CPU of the runner that called
+    it, so it took its CPU from the recorder's runners only; alone, with fewer runners than CPUs, it would run on
+    an idle CPU, and with more it takes from all runners alike."""
+
+    def __init__(self, pids: list[list[int]], tick: float, shared: list[int] = ()) -> None:
+        self.pids, self.tick, self.shared = pids, tick, list(shared)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.moves = 0
@@ -67,14 +83,17 @@ class Rotation:
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join()
-        for pids in self.pids:
-            for pid in pids:
-                _set_affinity(pid, set(range(CPUS)))
+        for pid in [p for pids in self.pids for p in pids]:
+            _set_affinity(pid, set(range(CPUS)))
+        for pid in self.shared:
+            _set_process_affinity(pid, set(range(CPUS)))
 
     def _place(self, t: int) -> None:
         for v, pids in enumerate(self.pids):
             for j, pid in enumerate(pids):
                 _set_affinity(pid, {(v + j + t) % CPUS})
+        for pid in self.shared:
+            _set_process_affinity(pid, {(t // 2) % CPUS})
         self.moves += 1
 
     def _run(self) -> None:
@@ -89,6 +108,15 @@ def _set_affinity(pid: int, cpus: set[int]) -> None:
         os.sched_setaffinity(pid, cpus)
     except ProcessLookupError:  # a runner died; the block reports it
         pass
+
+
+def _set_process_affinity(pid: int, cpus: set[int]) -> None:
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return
+    for tid in threads:
+        _set_affinity(int(tid), cpus)
 
 
 def idle_writer_cpu(group: Any, seconds: float = 3.0) -> float:
@@ -110,7 +138,7 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
     def sample_together(block_s: float, order: tuple[str, ...]) -> dict[str, list[dict[str, float]]]:
         pids = [groups[v].foreach_env_runner(runner_pid, local_env_runner=False) for v in order]
         start_at = time.time() + 1.0  # the calls reach the runners at different times; they start together
-        with Rotation(pids, tick), concurrent.futures.ThreadPoolExecutor(len(order)) as pool:
+        with Rotation(pids, tick, writers), concurrent.futures.ThreadPoolExecutor(len(order)) as pool:
             futures = {v: pool.submit(groups[v].foreach_env_runner,
                                       lambda r: timed_sampling(r, block_s, start_at), local_env_runner=False)
                        for v in order}
@@ -121,6 +149,8 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
             sampled[v] += sum(x["steps"] for x in p)
         return parts
 
+    writers = (sorted({pid for part in groups[other].foreach_env_runner(writer_pid, local_env_runner=False)
+                       for pid in part.values()}) if other == "recorder" else [])
     for v in names:  # env creation, first forward passes, the recorder's first hand-off and file
         sampled[v] += sum(p["steps"] for p in groups[v].foreach_env_runner(
             lambda r: timed_sampling(r, warmup), local_env_runner=False))
@@ -258,7 +288,9 @@ def main() -> None:
         if r.get("stored", r.get("sampled")) != r.get("sampled"):
             print(f"LOST DATA: {r['env']} {r['runners']} {r['mode']}: sampled {r['sampled']}, stored {r['stored']}")
     if args.write:
-        benchdoc.write_section("Sampling overhead, paired (scripts/bench_paired.py)", table(rows) + NOTE)
+        name = "Sampling overhead, paired" + (": A/A control (scripts/bench_paired.py --aa)" if args.aa
+                                              else " (scripts/bench_paired.py)")
+        benchdoc.write_section(name, table(rows) + NOTE)
 
 
 if __name__ == "__main__":

@@ -5,15 +5,21 @@ With a full CPU in every window (CPU seconds = window), a change in units per wi
 the (virtual) CPU itself, which no benchmark on this machine can tell from the code it times. The spread across
 windows, and across cores in the same window, is the noise floor of any timing here.
 
-    python scripts/cpu_speed.py --seconds 30 --window 1
+    python scripts/cpu_speed.py --seconds 30 --window 1 [--write]
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import statistics
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import benchdoc  # noqa: E402
 
 
 def _unit() -> int:
@@ -42,6 +48,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--window", type=float, default=1.0)
     parser.add_argument("--procs", type=int, default=multiprocessing.cpu_count())
+    parser.add_argument("--write", action="store_true", help="write the table into docs/BENCHMARKS.md")
     args = parser.parse_args()
     queue: multiprocessing.Queue = multiprocessing.Queue()
     start = time.time() + 0.5
@@ -52,16 +59,27 @@ def main() -> None:
     results = [queue.get() for _ in procs]
     for p in procs:
         p.join()
+    lines = ["| process | units/s per window: min | median | max | max / min | its CPU share, min |",
+             "|---|---|---|---|---|---|"]
     for i, out in enumerate(results):
         rates = [r for r, _ in out]
-        print(f"process {i}: units/s per {args.window:g} s window: min {min(rates):.0f}, median "
-              f"{statistics.median(rates):.0f}, max {max(rates):.0f} (max/min {max(rates) / min(rates):.2f}); "
-              f"CPU share min {min(c for _, c in out):.2f}")
-        print("  " + " ".join(f"{r:.0f}" for r in rates))
+        lines.append(f"| {i} | {min(rates):.0f} | {statistics.median(rates):.0f} | {max(rates):.0f} "
+                     f"| {max(rates) / min(rates):.2f} | {min(c for _, c in out):.2f} |")
+        print(f"process {i}, units/s per window: " + " ".join(f"{r:.0f}" for r in rates))
     pairs = [a[0] / b[0] for a, b in zip(results[0], results[1])] if len(results) > 1 else []
-    if pairs:
-        print(f"same window, process 0 / process 1: min {min(pairs):.2f}, median {statistics.median(pairs):.2f}, "
-              f"max {max(pairs):.2f}")
+    text = "\n".join(lines) + (
+        f"\n\nSame window, process 0 over process 1: min {min(pairs):.2f}, median {statistics.median(pairs):.2f}, "
+        f"max {max(pairs):.2f}." if pairs else "")
+    print(text)
+    if args.write:
+        benchdoc.write_section("CPU speed of this machine (scripts/cpu_speed.py)", text + f"""
+
+One process per CPU runs the same pure-Python work unit for {args.seconds:g} s and counts the units it finishes in
+each {args.window:g} s window; each had a whole CPU in every window (its CPU share), so a change in units per window is
+a change in the CPU's own speed (a virtual machine's CPUs share their host). No timing on this machine is steadier
+than this: it is why the sequential sampling benchmark cannot resolve 2%, and why `bench_paired.py` times the
+variants in the same seconds and moves their env runners between the CPUs.
+""")
 
 
 if __name__ == "__main__":
