@@ -50,6 +50,21 @@ FRAGMENT = {"cartpole": 500, "breakout": 200}
 ENV_IDS = {"cartpole": "CartPole-v1", "breakout": "ale_py:ALE/Breakout-v5"}
 
 
+def add_row_args(parser: argparse.ArgumentParser) -> None:
+    """The flags that choose the benchmark's rows (env, env runner counts, batch modes); see row_specs."""
+    parser.add_argument("--env", nargs="+", default=["cartpole", "breakout"], choices=list(ENV_IDS))
+    parser.add_argument("--runners", nargs="+", type=int, default=None,
+                        help="env runner counts (default: cartpole 1 2 4, breakout 1 2)")
+    parser.add_argument("--modes", nargs="+", default=["truncate_episodes", "complete_episodes"],
+                        choices=["truncate_episodes", "complete_episodes"])
+
+
+def row_specs(args: argparse.Namespace) -> list[tuple[str, int, str]]:
+    """(env, env runners, batch mode) of every row the flags of add_row_args chose, in the tables' order."""
+    return [(env, runners, mode) for env in args.env
+            for runners in args.runners or ([1, 2, 4] if env == "cartpole" else [1, 2]) for mode in args.modes]
+
+
 def build(env: str, runners: int, mode: str, variant: str, out: str) -> Any:
     from ray.rllib.algorithms.ppo import PPOConfig
 
@@ -322,10 +337,7 @@ def chart(rows: list[dict[str, Any]], path: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--env", nargs="+", default=["cartpole", "breakout"], choices=["cartpole", "breakout"])
-    parser.add_argument("--runners", nargs="+", type=int, default=None,
-                        help="env runner counts (default: cartpole 1 2 4, breakout 1 2)")
-    parser.add_argument("--modes", nargs="+", default=["truncate_episodes", "complete_episodes"])
+    add_row_args(parser)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=None, help="timed block (default: cartpole 6, breakout 12)")
     parser.add_argument("--warmup", type=float, default=3.0,
@@ -352,13 +364,11 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="bench_overhead_")
     rows = []
     try:
-        for env in args.env:
-            for runners in args.runners or ([1, 2, 4] if env == "cartpole" else [1, 2]):
-                for mode in args.modes:
-                    seconds = args.seconds or (6.0 if env == "cartpole" else 12.0)
-                    print(f"{env}, {runners} runners, {mode}, {args.reps} x {seconds:.0f} s per variant", flush=True)
-                    rows.append(bench_row(env, runners, mode, args.reps, seconds, work, build_order,
-                                          args.warmup, args.settle, args.control, tuple(args.alternative)))
+        for env, runners, mode in row_specs(args):
+            seconds = args.seconds or (6.0 if env == "cartpole" else 12.0)
+            print(f"{env}, {runners} runners, {mode}, {args.reps} x {seconds:.0f} s per variant", flush=True)
+            rows.append(bench_row(env, runners, mode, args.reps, seconds, work, build_order,
+                                  args.warmup, args.settle, args.control, tuple(args.alternative)))
     finally:
         ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)

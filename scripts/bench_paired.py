@@ -7,8 +7,10 @@ runners seconds apart with the recorder switched on and off (tried: an A/A ratio
 blocks). Here two algorithms, "none" (no recording) and "recorder" (default settings), sample at once, and a
 driver thread moves their env runners' main threads between the CPUs every ``--tick`` seconds, so that at every
 moment each CPU runs as many runners of one variant as of the other, and over a block each runner spends equal
-time on each CPU. With ``--aa`` the second algorithm is a second plain config ("control"): its ratio is the noise
-floor of this method.
+time on each CPU. ``--vs control``: the second algorithm is a second plain config, and its ratio the noise floor
+of this method (A/A). ``--vs rllib``: RLlib's own recorder (``offline_data(output=...)``, as in bench_overhead.py);
+its Ray Data write tasks run in processes of their own that take CPU from both variants alike, so its paired
+ratio leaves their CPU out: a comparison in RLlib's favour.
 
 What pairing hides, and how it is put back. Both variants' runners share the CPUs equally, so the writers' CPU
 is taken from both alike and the paired ratio leaves it out. The ratio judged against the targets charges it as
@@ -18,7 +20,8 @@ it, and Ray's floor for an actor (the writers' CPU per second with nothing sampl
 block) over the machine's CPUs. With fewer runners than CPUs the writers run on an idle CPU: nothing is charged.
 
     python scripts/bench_paired.py --write                      # all 10 rows, into docs/BENCHMARKS.md
-    python scripts/bench_paired.py --env cartpole --runners 4 --modes truncate_episodes --reps 3 --aa
+    python scripts/bench_paired.py --vs control --write          # the A/A control, its own section
+    python scripts/bench_paired.py --env breakout --runners 1 --modes complete_episodes --vs rllib
 """
 
 from __future__ import annotations
@@ -39,7 +42,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import benchdoc  # noqa: E402
-from bench_overhead import build, dir_bytes, drain, recorder_state, timed_sampling, writers_cpu  # noqa: E402
+from bench_overhead import (  # noqa: E402
+    add_row_args, build, dir_bytes, drain, recorder_state, row_specs, timed_sampling, writers_cpu,
+)
 
 CPUS = os.cpu_count() or 1
 SECONDS = {"cartpole": 20.0, "breakout": 30.0}
@@ -208,6 +213,8 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
             row["bytes_per_step"] = dir_bytes(run_dir) / max(1, row["stored"])
             row["compression"] = raw / max(1, dir_bytes(run_dir))
         row["sampled"] = sampled[other]
+    elif other == "rllib":
+        row["bytes_per_step"] = dir_bytes(outs[other]) / max(1, sampled[other])
     return row
 
 
@@ -225,9 +232,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         head = (f"| {r['env']} | {r['runners']} | {r['mode']} | {r['reps']} x {r['seconds']:.0f} "
                 f"| {benchdoc.cell(r['none_rate'], '{:.0f}')} | {r['other']} ")
-        if r["other"] != "recorder":  # A/A control
+        if r["other"] != "recorder":  # A/A control, or RLlib's recorder (its bytes per step)
+            disk = f"{r['bytes_per_step']:.0f}" if "bytes_per_step" in r else "-"
             lines.append(head + f"| - | - | {benchdoc.cell(r['ratio'])} | {benchdoc.cell(r['cpu_ratio'])} "
-                         "| - | - | - | - | - | - | - |")
+                         f"| - | - | - | - | {disk} | - | - |")
             continue
         verdict = "met" if statistics.median(r["charged"]) >= target(r["mode"]) else "missed"
         lines.append(
@@ -248,21 +256,22 @@ throughput over none's in the same seconds. `CPU per step ratio`: none's runner 
 (runner processes only). `ratio, writers charged`: the paired ratio times (1 - `writers' share charged`), the
 share of the CPU the writers would take from the runners alone (their work per step, and Ray's floor for an
 actor as a share of the machine; nothing when the runners leave a CPU idle); judged against the target. Rows
-with variant `control` (`--aa`): a second plain config in place of the recorder, the noise floor of the method.
+with variant `control` (`--vs control`): a second plain config in place of the recorder, the noise floor of the
+method. Rows with variant `rllib` (`--vs rllib`): RLlib's recorder in its place; its Ray Data writes run in
+processes of their own whose CPU is not charged to it (in its favour).
 `stored = sampled`: the steps in the recorder's files equal the steps its runners sampled (warm-up included).
 """
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--env", nargs="+", default=["cartpole", "breakout"], choices=["cartpole", "breakout"])
-    parser.add_argument("--runners", nargs="+", type=int, default=None,
-                        help="env runner counts (default: cartpole 1 2 4, breakout 1 2)")
-    parser.add_argument("--modes", nargs="+", default=["truncate_episodes", "complete_episodes"])
+    add_row_args(parser)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=None, help="block length (default: cartpole 20, breakout 30)")
     parser.add_argument("--tick", type=float, default=0.25, help="seconds between moves of the runners' CPUs")
-    parser.add_argument("--aa", action="store_true", help="a second plain config in place of the recorder (A/A)")
+    parser.add_argument("--vs", default="recorder", choices=["recorder", "control", "rllib"],
+                        help="what is timed against no recording: the recorder, a second plain config (A/A), or "
+                             "RLlib's recorder")
     parser.add_argument("--write", action="store_true", help="write the table into docs/BENCHMARKS.md")
     args = parser.parse_args()
 
@@ -273,13 +282,10 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="bench_paired_")
     rows = []
     try:
-        for env in args.env:
-            for runners in args.runners or ([1, 2, 4] if env == "cartpole" else [1, 2]):
-                for mode in args.modes:
-                    seconds = args.seconds or SECONDS[env]
-                    print(f"{env}, {runners} runners, {mode}: {args.reps} x {seconds:.0f} s", flush=True)
-                    rows.append(bench_row(env, runners, mode, args.reps, seconds, work,
-                                          "control" if args.aa else "recorder", args.tick))
+        for env, runners, mode in row_specs(args):
+            seconds = args.seconds or SECONDS[env]
+            print(f"{env}, {runners} runners, {mode}: {args.reps} x {seconds:.0f} s", flush=True)
+            rows.append(bench_row(env, runners, mode, args.reps, seconds, work, args.vs, args.tick))
     finally:
         ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)
@@ -288,8 +294,8 @@ def main() -> None:
         if r.get("stored", r.get("sampled")) != r.get("sampled"):
             print(f"LOST DATA: {r['env']} {r['runners']} {r['mode']}: sampled {r['sampled']}, stored {r['stored']}")
     if args.write:
-        name = "Sampling overhead, paired" + (": A/A control (scripts/bench_paired.py --aa)" if args.aa
-                                              else " (scripts/bench_paired.py)")
+        name = "Sampling overhead, paired" + ("" if args.vs == "recorder" else f" against {args.vs}") \
+            + " (scripts/bench_paired.py)"
         benchdoc.write_section(name, table(rows) + NOTE)
 
 

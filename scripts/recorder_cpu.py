@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import benchdoc  # noqa: E402
-from bench_overhead import build, writers_cpu  # noqa: E402
+from bench_overhead import add_row_args, build, row_specs, writers_cpu  # noqa: E402
 
 # (module, class or None, function): the callbacks, then what they call. Functions imported by name into another
 # module are wrapped where they are called from.
@@ -174,11 +174,7 @@ def summary_table(rows: list[dict[str, Any]], cpus: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--env", nargs="+", default=["cartpole", "breakout"], choices=["cartpole", "breakout"])
-    parser.add_argument("--runners", nargs="+", type=int, default=None,
-                        help="env runner counts (default: cartpole 1 2 4, breakout 1 2)")
-    parser.add_argument("--modes", nargs="+", default=["truncate_episodes", "complete_episodes"],
-                        choices=["truncate_episodes", "complete_episodes"])
+    add_row_args(parser)
     parser.add_argument("--seconds", type=float, default=None, help="per rep (default: cartpole 15, breakout 25)")
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--settings", default="", metavar="KEY=VALUE[,KEY=VALUE]",
@@ -188,12 +184,10 @@ def main() -> None:
 
     cpus = os.cpu_count() or 1
     rows = []
-    for env in args.env:
-        for runners in args.runners or ([1, 2, 4] if env == "cartpole" else [1, 2]):
-            for mode in args.modes:
-                seconds = args.seconds or (15.0 if env == "cartpole" else 25.0)
-                rows.append(measure_row(env, runners, mode, seconds, args.reps, args.settings))
-                print(functions_table(rows[-1]), "\n", flush=True)
+    for env, runners, mode in row_specs(args):
+        seconds = args.seconds or (15.0 if env == "cartpole" else 25.0)
+        rows.append(measure_row(env, runners, mode, seconds, args.reps, args.settings))
+        print(functions_table(rows[-1]), "\n", flush=True)
     summary = summary_table(rows, cpus)
     print(summary)
     if args.write:
