@@ -78,7 +78,6 @@ class Rotation:
         self.pids, self.tick, self.shared = pids, tick, list(shared)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
-        self.moves = 0
 
     def __enter__(self) -> "Rotation":
         self._place(0)
@@ -99,7 +98,6 @@ class Rotation:
                 _set_affinity(pid, {(v + j + t) % CPUS})
         for pid in self.shared:
             _set_process_affinity(pid, {(t // 2) % CPUS})
-        self.moves += 1
 
     def _run(self) -> None:
         t = 1
