@@ -133,7 +133,7 @@ def idle_writer_cpu(group: Any, seconds: float = 3.0) -> float:
 def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work: str, other: str, tick: float,
               warmup: float = 3.0, settle: float = 1.0) -> dict[str, Any]:
     names = ("none", other)
-    outs = {v: os.path.join(work, f"{env}-{runners}-{mode}-{v}") for v in names}
+    outs = {v: os.path.join(work, f"{env}-{runners}-{mode}-{v.replace(':', '-')}") for v in names}
     algos = {v: build(env, runners, mode, v, outs[v]) for v in names}
     groups = {v: a.env_runner_group for v, a in algos.items()}
     sampled: dict[str, int] = defaultdict(int)
@@ -153,13 +153,13 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
         return parts
 
     writers = (sorted({pid for part in groups[other].foreach_env_runner(writer_pid, local_env_runner=False)
-                       for pid in part.values()}) if other == "recorder" else [])
+                       for pid in part.values()}) if other.startswith("recorder") else [])
     for v in names:  # env creation, first forward passes, the recorder's first hand-off and file
         sampled[v] += sum(p["steps"] for p in groups[v].foreach_env_runner(
             lambda r: timed_sampling(r, warmup), local_env_runner=False))
     sample_together(warmup, names)
     out: dict[str, list[float]] = defaultdict(list)
-    recording = other == "recorder"
+    recording = other.startswith("recorder")
     try:
         for rep in range(reps):
             order = names if rep % 2 == 0 else names[::-1]  # which variant starts on which CPU alternates too
@@ -230,7 +230,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         head = (f"| {r['env']} | {r['runners']} | {r['mode']} | {r['reps']} x {r['seconds']:.0f} "
                 f"| {benchdoc.cell(r['none_rate'], '{:.0f}')} | {r['other']} ")
-        if r["other"] != "recorder":  # A/A control, or RLlib's recorder (its bytes per step)
+        if not r["other"].startswith("recorder"):  # A/A control, or RLlib's recorder (its bytes per step)
             disk = f"{r['bytes_per_step']:.0f}" if "bytes_per_step" in r else "-"
             lines.append(head + f"| - | - | {benchdoc.cell(r['ratio'])} | {benchdoc.cell(r['cpu_ratio'])} "
                          f"| - | - | - | - | {disk} | - | - |")
@@ -270,6 +270,8 @@ def main() -> None:
     parser.add_argument("--vs", default="recorder", choices=["recorder", "control", "rllib"],
                         help="what is timed against no recording: the recorder, a second plain config (A/A), or "
                              "RLlib's recorder")
+    parser.add_argument("--settings", default="", metavar="KEY=VALUE[,KEY=VALUE]",
+                        help="recorder settings other than the defaults (e.g. coalesce_s=4); never written to the docs")
     parser.add_argument("--write", action="store_true", help="write the table into docs/BENCHMARKS.md")
     args = parser.parse_args()
 
@@ -283,7 +285,8 @@ def main() -> None:
         for env, runners, mode in row_specs(args):
             seconds = args.seconds or SECONDS[env]
             print(f"{env}, {runners} runners, {mode}: {args.reps} x {seconds:.0f} s", flush=True)
-            rows.append(bench_row(env, runners, mode, args.reps, seconds, work, args.vs, args.tick))
+            other = f"recorder:{args.settings}" if args.vs == "recorder" and args.settings else args.vs
+            rows.append(bench_row(env, runners, mode, args.reps, seconds, work, other, args.tick))
     finally:
         ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)
@@ -291,7 +294,7 @@ def main() -> None:
     for r in rows:
         if r.get("stored", r.get("sampled")) != r.get("sampled"):
             print(f"LOST DATA: {r['env']} {r['runners']} {r['mode']}: sampled {r['sampled']}, stored {r['stored']}")
-    if args.write:
+    if args.write and not args.settings:
         name = "Sampling overhead, paired" + ("" if args.vs == "recorder" else f" against {args.vs}") \
             + " (scripts/bench_paired.py)"
         benchdoc.write_section(name, table(rows) + NOTE)
