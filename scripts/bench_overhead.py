@@ -28,7 +28,6 @@ and is the one that resolves the targets.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import os
 import shutil
 import sys
@@ -201,41 +200,37 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
         order = variants[rep % len(variants):] + variants[:rep % len(variants)]
         rep_tp, rep_cpu = {}, {}
         # one variant after another, each alone on the machine (bench_paired.py times them in the same seconds)
-        for block in ([v] for v in order):
+        for variant in order:
             # whatever the previous block left running (RLlib's Ray Data writes, the OS writing files back) ends
             # before this block starts, so that it is not charged to the next variant
             time.sleep(settle)
-            groups = {v: algos[v].env_runner_group for v in block}
-            begin = {v: (g.foreach_env_runner(recorder_state, local_env_runner=False), writers_cpu(g))
-                     for v, g in groups.items() if v.startswith("recorder")}
-            with concurrent.futures.ThreadPoolExecutor(len(block)) as pool:
-                futures = {v: pool.submit(g.foreach_env_runner, lambda r: timed_sampling(r, seconds),
-                                          local_env_runner=False) for v, g in groups.items()}
-                parts = {v: f.result() for v, f in futures.items()}
-            for variant, group in groups.items():
-                if len(parts[variant]) != runners:
-                    raise RuntimeError(f"{variant}: an env runner died during the timed block (see the log above)")
-                steps = sum(p["steps"] for p in parts[variant])
-                steps_total[variant] += steps
-                rep_tp[variant] = steps / max(p["elapsed"] for p in parts[variant])
-                cpu = sum(p["cpu"] for p in parts[variant])
-                if variant in begin:
-                    before, wcpu = begin[variant]
-                    # the writers' CPU while the env runners sampled, and in all: read after the drain below, so it
-                    # includes the backlog (their work goes on during sampling: a lower CPU priority for the writers,
-                    # nice 19 or SCHED_IDLE, moved none of it after the block)
-                    in_block = sum(v - wcpu.get(k, 0.0) for k, v in writers_cpu(group).items())
-                    drains[variant].append(max(group.foreach_env_runner(drain, local_env_runner=False)))
-                    writer_s = sum(v - wcpu.get(k, 0.0) for k, v in writers_cpu(group).items())
-                    writer_share[variant].append(writer_s / max(1e-9, cpu + writer_s))
-                    writer_in_block[variant].append(in_block / max(1e-9, cpu + in_block))
-                    cpu += writer_s
-                    after = group.foreach_env_runner(recorder_state, local_env_runner=False)
-                    samples = sum(a["samples"] - b["samples"] for a, b in zip(after, before))
-                    waits[variant].append(
-                        1000 * sum(a["wait_s"] - b["wait_s"] for a, b in zip(after, before)) / max(1, samples))
-                    rss[variant].append(max(a["rss"] for a in after))
-                rep_cpu[variant] = 1000 * cpu / max(1, steps)
+            group = algos[variant].env_runner_group
+            recording = variant.startswith("recorder")
+            if recording:
+                before, wcpu = group.foreach_env_runner(recorder_state, local_env_runner=False), writers_cpu(group)
+            parts = group.foreach_env_runner(lambda r: timed_sampling(r, seconds), local_env_runner=False)
+            if len(parts) != runners:
+                raise RuntimeError(f"{variant}: an env runner died during the timed block (see the log above)")
+            steps = sum(p["steps"] for p in parts)
+            steps_total[variant] += steps
+            rep_tp[variant] = steps / max(p["elapsed"] for p in parts)
+            cpu = sum(p["cpu"] for p in parts)
+            if recording:
+                # the writers' CPU while the env runners sampled, and in all: read after the drain below, so it
+                # includes the backlog (their work goes on during sampling: a lower CPU priority for the writers,
+                # nice 19 or SCHED_IDLE, moved none of it after the block)
+                in_block = sum(v - wcpu.get(k, 0.0) for k, v in writers_cpu(group).items())
+                drains[variant].append(max(group.foreach_env_runner(drain, local_env_runner=False)))
+                writer_s = sum(v - wcpu.get(k, 0.0) for k, v in writers_cpu(group).items())
+                writer_share[variant].append(writer_s / max(1e-9, cpu + writer_s))
+                writer_in_block[variant].append(in_block / max(1e-9, cpu + in_block))
+                cpu += writer_s
+                after = group.foreach_env_runner(recorder_state, local_env_runner=False)
+                samples = sum(a["samples"] - b["samples"] for a, b in zip(after, before))
+                waits[variant].append(
+                    1000 * sum(a["wait_s"] - b["wait_s"] for a, b in zip(after, before)) / max(1, samples))
+                rss[variant].append(max(a["rss"] for a in after))
+            rep_cpu[variant] = 1000 * cpu / max(1, steps)
         for variant in variants:
             throughput[variant].append(rep_tp[variant])
             ratio[variant].append(rep_tp[variant] / rep_tp["none"])
