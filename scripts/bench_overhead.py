@@ -137,6 +137,12 @@ def writer_cpu(runner: Any) -> dict[str, float]:
     return {transport.writer_name: ray.get(transport.writer_actor.stats.remote())["cpu_s"]}
 
 
+def writers_cpu_since(group: Any, before: dict[str, float]) -> float:
+    """CPU seconds the group's writers used since ``before`` (a ``writers_cpu`` reading); a writer that was not
+    there then counts from its start."""
+    return sum(v - before.get(k, 0.0) for k, v in writers_cpu(group).items())
+
+
 def writers_cpu(group: Any) -> dict[str, float]:
     out: dict[str, float] = {}
     for part in group.foreach_env_runner(writer_cpu, local_env_runner=False):
@@ -219,9 +225,9 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
                 # the writers' CPU while the env runners sampled, and in all: read after the drain below, so it
                 # includes the backlog (their work goes on during sampling: a lower CPU priority for the writers,
                 # nice 19 or SCHED_IDLE, moved none of it after the block)
-                in_block = sum(v - wcpu.get(k, 0.0) for k, v in writers_cpu(group).items())
+                in_block = writers_cpu_since(group, wcpu)
                 drains[variant].append(max(group.foreach_env_runner(drain, local_env_runner=False)))
-                writer_s = sum(v - wcpu.get(k, 0.0) for k, v in writers_cpu(group).items())
+                writer_s = writers_cpu_since(group, wcpu)
                 writer_share[variant].append(writer_s / max(1e-9, cpu + writer_s))
                 writer_in_block[variant].append(in_block / max(1e-9, cpu + in_block))
                 cpu += writer_s

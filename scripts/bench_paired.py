@@ -44,6 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchdoc  # noqa: E402
 from bench_overhead import (  # noqa: E402
     add_row_args, build, dir_bytes, drain, recorder_state, row_specs, timed_sampling, writers_cpu,
+    writers_cpu_since,
 )
 
 CPUS = os.cpu_count() or 1
@@ -126,8 +127,7 @@ def idle_writer_cpu(group: Any, seconds: float = 3.0) -> float:
     """CPU seconds per second of the group's writers while nothing is sampled or sent: Ray's floor for an actor."""
     before, start = writers_cpu(group), time.perf_counter()
     time.sleep(seconds)
-    after = writers_cpu(group)
-    return sum(v - before[k] for k, v in after.items()) / (time.perf_counter() - start)
+    return writers_cpu_since(group, before) / (time.perf_counter() - start)
 
 
 def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work: str, other: str, tick: float,
@@ -181,7 +181,7 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
                     f"CPU per step ratio {out['cpu_ratio'][-1]:.3f}")
             if recording:
                 out["drain_s"].append(max(groups[other].foreach_env_runner(drain, local_env_runner=False)))
-                writer_s = sum(v - wcpu0.get(k, 0.0) for k, v in writers_cpu(groups[other]).items())
+                writer_s = writers_cpu_since(groups[other], wcpu0)
                 block_s = time.perf_counter() - block_start
                 floor = idle_writer_cpu(groups[other])
                 steps = sum(p["steps"] for p in parts[other])

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import benchdoc  # noqa: E402
-from bench_overhead import add_row_args, build, row_specs, writers_cpu  # noqa: E402
+from bench_overhead import add_row_args, build, row_specs, writers_cpu, writers_cpu_since  # noqa: E402
 
 # (module, class or None, function): the callbacks, then what they call. Functions imported by name into another
 # module are wrapped where they are called from.
@@ -125,7 +125,7 @@ def measure_row(env: str, runners: int, mode: str, seconds: float, reps: int, se
                         total[1] += calls
                         if key in CALLBACKS:
                             callbacks += spent
-                writer_s = sum(v - wcpu.get(k, 0.0) for k, v in writers_cpu(group).items())
+                writer_s = writers_cpu_since(group, wcpu)
                 cpu_total += cpu
                 callbacks_share.append(callbacks / cpu)
                 writer_share.append(writer_s / (cpu + writer_s))
