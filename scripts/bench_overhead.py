@@ -76,7 +76,9 @@ def build(env: str, runners: int, mode: str, variant: str, out: str) -> Any:
         .env_runners(num_env_runners=runners, batch_mode=mode, rollout_fragment_length=FRAGMENT[env])
         .training(train_batch_size=FRAGMENT[env] * runners, minibatch_size=FRAGMENT[env], num_epochs=1)
     )
-    if variant.startswith("recorder"):
+    if variant in DIAGNOSTIC_RECORDERS:
+        config = config.callbacks(DIAGNOSTIC_RECORDERS[variant].configured(output_dir=out))
+    elif variant.startswith("recorder"):
         config = config.callbacks(RecorderCallback.configured(output_dir=out, **recorder_settings(variant)))
     elif variant == "rllib":
         # RLlib records whole episodes only in complete_episodes mode; otherwise one row per step.
@@ -84,6 +86,69 @@ def build(env: str, runners: int, mode: str, variant: str, out: str) -> Any:
         config = config.offline_data(output=out, output_write_episodes=episodes, output_write_remaining_data=True,
                                      output_max_rows_per_file=100 if episodes else 5000)
     return config.build_algo()
+
+
+def _diagnostic_recorders() -> dict[str, type]:
+    from rllib_recorder import RecorderCallback
+    from rllib_recorder.envstate import capture_state, sub_envs
+
+    class HollowRecorder(RecorderCallback):
+        """The recorder with its env-runner callbacks emptied: the writers are created and every env runner
+        bound, but nothing is captured, converted or sent. What it costs is what the recorder costs besides
+        its callbacks' work."""
+
+        def on_episode_start(self, **kwargs: Any) -> None:
+            pass
+
+        def on_sample_end(self, **kwargs: Any) -> None:
+            pass
+
+    class DiscardingRecorder(RecorderCallback):
+        """The recorder, but each start state is captured and thrown away at once (so none is stored): what
+        a capture costs without holding it until the sample ends."""
+
+        def on_episode_start(self, *, env: Any = None, env_index: int = 0, **kwargs: Any) -> None:
+            envs = sub_envs(env) if env is not None else None
+            if envs is not None:
+                capture_state(envs[env_index])
+
+    class PackingRecorder(RecorderCallback):
+        """The recorder, but each start state, captured, held and packed as always, is left out of the chunk
+        (an empty blob is sent): what packing costs without sending and storing the blobs."""
+
+        def on_sample_end(self, **kwargs: Any) -> None:
+            _leave_start_states_out()
+            super().on_sample_end(**kwargs)
+
+    out = {"hollow": HollowRecorder, "recorder-discard": DiscardingRecorder, "recorder-nosend": PackingRecorder}
+    for cls in out.values():
+        cls.__module__ = __name__
+    return out
+
+
+def _leave_start_states_out() -> None:
+    """In this env runner's process: conversion packs start states as always, then puts empty ones in the chunk."""
+    import numpy as np
+
+    from rllib_recorder import convert
+
+    if getattr(convert, "_start_states_left_out", False):
+        return
+    packed = convert._start_state_columns
+
+    def empty_columns(episodes: Any) -> dict[str, Any]:
+        packed(episodes)
+        blobs = np.empty(len(episodes), dtype=object)
+        for i in range(len(episodes)):
+            blobs[i] = np.zeros(0, np.uint8)
+        return {"start_state": blobs, "start_state_kind": np.array([""] * len(episodes), dtype=object)}
+
+    convert._start_state_columns = empty_columns
+    convert._start_states_left_out = True
+
+
+# Diagnostic variants (bench_paired.py --vs NAME): variants of the recorder that leave out part of its work
+DIAGNOSTIC_RECORDERS = _diagnostic_recorders()
 
 
 def recorder_settings(variant: str) -> dict[str, Any]:
@@ -117,14 +182,24 @@ def timed_sampling(runner: Any, seconds: float, start_at: float | None = None) -
     """
     if start_at is not None:
         time.sleep(max(0.0, start_at - time.time()))
+    import gc
+    import resource
+
     steps = calls = 0
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    collections = [g["collections"] for g in gc.get_stats()]
     start, cpu = time.perf_counter(), time.process_time()
     while time.perf_counter() - start < seconds:
         steps += sum(len(e) for e in runner.sample())
         runner.get_metrics()
         calls += 1
-    return {"steps": steps, "calls": calls, "elapsed": time.perf_counter() - start,
-            "cpu": time.process_time() - cpu, "rss": _rss()}
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    now = resource.getrusage(resource.RUSAGE_SELF)
+    return {"steps": steps, "calls": calls, "elapsed": elapsed, "cpu": cpu, "rss": _rss(),
+            # the process's page faults and context switches in the block (diagnostics)
+            "minflt": now.ru_minflt - usage.ru_minflt, "sys": now.ru_stime - usage.ru_stime,
+            "nvcsw": now.ru_nvcsw - usage.ru_nvcsw, "nivcsw": now.ru_nivcsw - usage.ru_nivcsw,
+            **{f"gc{i}": g["collections"] - c for i, (g, c) in enumerate(zip(gc.get_stats(), collections))}}
 
 
 def writer_cpu(runner: Any) -> dict[str, float]:

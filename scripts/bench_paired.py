@@ -130,6 +130,18 @@ def idle_writer_cpu(group: Any, seconds: float = 3.0) -> float:
     return writers_cpu_since(group, before) / (time.perf_counter() - start)
 
 
+VERBOSE = False
+COUNTERS = (("minflt", "page faults", 1), ("sys", "ms kernel CPU", 1000), ("nvcsw", "voluntary switches", 1),
+            ("nivcsw", "involuntary switches", 1), ("gc0", "GC gen-0", 1), ("gc1", "gen-1", 1), ("gc2", "gen-2", 1))
+
+
+def process_counters(parts: list[dict[str, float]]) -> str:
+    """The runners' page faults, kernel CPU, context switches and garbage collections per 1000 steps (--verbose)."""
+    steps = sum(p["steps"] for p in parts)
+    return "per 1000 steps: " + ", ".join(
+        f"{1000 * scale * sum(p[key] for p in parts) / steps:.1f} {label}" for key, label, scale in COUNTERS)
+
+
 def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work: str, other: str, tick: float,
               warmup: float = 3.0, settle: float = 1.0) -> dict[str, Any]:
     names = ("none", other)
@@ -179,6 +191,8 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
             out["cpu_ratio"].append(cps["none"] / cps[other])
             line = (f"  rep {rep}: none {rate['none']:.0f}, {other} {rate[other]:.0f} steps/s: ratio {ratio:.3f}; "
                     f"CPU per step ratio {out['cpu_ratio'][-1]:.3f}")
+            if VERBOSE:
+                line += "".join(f"\n    {v}: {process_counters(parts[v])}" for v in names)
             if recording:
                 out["drain_s"].append(max(groups[other].foreach_env_runner(drain, local_env_runner=False)))
                 writer_s = writers_cpu_since(groups[other], wcpu0)
@@ -267,13 +281,19 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=None, help="block length (default: cartpole 20, breakout 30)")
     parser.add_argument("--tick", type=float, default=0.25, help="seconds between moves of the runners' CPUs")
-    parser.add_argument("--vs", default="recorder", choices=["recorder", "control", "rllib"],
-                        help="what is timed against no recording: the recorder, a second plain config (A/A), or "
-                             "RLlib's recorder")
+    parser.add_argument("--vs", default="recorder",
+                        choices=["recorder", "control", "rllib", "hollow", "recorder-discard", "recorder-nosend"],
+                        help="what is timed against no recording: the recorder, a second plain config (A/A), "
+                             "RLlib's recorder; diagnostics: ours with its env-runner callbacks emptied (hollow: "
+                             "writers and binding only), or capturing start states and discarding them")
     parser.add_argument("--settings", default="", metavar="KEY=VALUE[,KEY=VALUE]",
                         help="recorder settings other than the defaults (e.g. coalesce_s=4); never written to the docs")
     parser.add_argument("--write", action="store_true", help="write the table into docs/BENCHMARKS.md")
+    parser.add_argument("--verbose", action="store_true",
+                        help="print each variant's page faults, kernel CPU and context switches per 1000 steps")
     args = parser.parse_args()
+    global VERBOSE
+    VERBOSE = args.verbose
 
     import ray
 
