@@ -120,14 +120,24 @@ def _diagnostic_recorders() -> dict[str, type]:
             _leave_start_states_out()
             super().on_sample_end(**kwargs)
 
-    out = {"hollow": HollowRecorder, "recorder-discard": DiscardingRecorder, "recorder-nosend": PackingRecorder}
+    class HoldingRecorder(RecorderCallback):
+        """The recorder, but each start state, captured and held on its episode until the sample ends as always,
+        is neither packed nor sent (an empty blob is sent): what holding the captures costs."""
+
+        def on_sample_end(self, **kwargs: Any) -> None:
+            _leave_start_states_out(pack=False)
+            super().on_sample_end(**kwargs)
+
+    out = {"hollow": HollowRecorder, "recorder-discard": DiscardingRecorder, "recorder-nosend": PackingRecorder,
+           "recorder-hold": HoldingRecorder}
     for cls in out.values():
         cls.__module__ = __name__
     return out
 
 
-def _leave_start_states_out() -> None:
-    """In this env runner's process: conversion packs start states as always, then puts empty ones in the chunk."""
+def _leave_start_states_out(pack: bool = True) -> None:
+    """In this env runner's process: conversion packs start states as always (or not, ``pack=False``), then puts
+    empty ones in the chunk."""
     import numpy as np
 
     from rllib_recorder import convert
@@ -137,7 +147,8 @@ def _leave_start_states_out() -> None:
     packed = convert._start_state_columns
 
     def empty_columns(episodes: Any) -> dict[str, Any]:
-        packed(episodes)
+        if pack:
+            packed(episodes)
         blobs = np.empty(len(episodes), dtype=object)
         for i in range(len(episodes)):
             blobs[i] = np.zeros(0, np.uint8)

@@ -143,13 +143,44 @@ def process_counters(parts: list[dict[str, float]]) -> str:
 
 
 def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work: str, other: str, tick: float,
-              warmup: float = 3.0, settle: float = 1.0) -> dict[str, Any]:
+              warmup: float = 3.0, settle: float = 1.0, fresh: bool = False) -> dict[str, Any]:
+    """Times ``reps`` blocks of none and ``other`` together. ``fresh``: new algorithms (new env runner and writer
+    processes) for every block, so that the repetitions also vary what a process keeps for its whole life (where
+    its memory lies, which CPU caches it shares): one set of processes can be faster or slower than another by a
+    few percent for as long as it lives, which repetitions with the same processes cannot show."""
     names = ("none", other)
-    outs = {v: os.path.join(work, f"{env}-{runners}-{mode}-{v.replace(':', '-')}") for v in names}
+    row_dir = os.path.join(work, f"{env}-{runners}-{mode}-{other.replace(':', '-')}")
+    sampled: dict[str, int] = defaultdict(int)
+    out: dict[str, list[float]] = defaultdict(list)
+    builds = [(b, [b]) for b in range(reps)] if fresh else [(0, list(range(reps)))]
+    for build_index, rep_indices in builds:
+        outs = {v: os.path.join(row_dir, f"build-{build_index}", v.replace(':', '-')) for v in names}
+        _timed_build(env, runners, mode, rep_indices, seconds, other, tick, warmup, settle, names, outs, sampled, out)
+    row: dict[str, Any] = {"env": env, "runners": runners, "mode": mode, "other": other, "reps": reps,
+                           "seconds": seconds, "fresh": fresh, **out}
+    if other.startswith("recorder"):
+        from rllib_recorder.reader import open_run
+
+        stored = raw = disk = 0
+        for run_dir in (d for d, _, files in os.walk(row_dir) if "manifest.json" in files):
+            with open_run(run_dir) as run:
+                stored += run.num_env_steps
+                raw += run.manifest.get("totals", {}).get("raw_bytes", 0)
+            disk += dir_bytes(run_dir)
+        row["stored"], row["bytes_per_step"], row["compression"] = stored, disk / max(1, stored), raw / max(1, disk)
+        row["sampled"] = sampled[other]
+    elif other == "rllib":
+        row["bytes_per_step"] = sum(dir_bytes(os.path.join(row_dir, b, other)) for b in os.listdir(row_dir)) \
+            / max(1, sampled[other])
+    return row
+
+
+def _timed_build(env: str, runners: int, mode: str, rep_indices: list[int], seconds: float, other: str,
+                 tick: float, warmup: float, settle: float, names: tuple[str, str], outs: dict[str, str],
+                 sampled: dict[str, int], out: dict[str, list[float]]) -> None:
+    """Builds none and ``other``, warms them up, times the repetitions ``rep_indices`` into ``out``, stops them."""
     algos = {v: build(env, runners, mode, v, outs[v]) for v in names}
     groups = {v: a.env_runner_group for v, a in algos.items()}
-    sampled: dict[str, int] = defaultdict(int)
-
     def sample_together(block_s: float, order: tuple[str, ...]) -> dict[str, list[dict[str, float]]]:
         pids = [groups[v].foreach_env_runner(runner_pid, local_env_runner=False) for v in order]
         start_at = time.time() + 1.0  # the calls reach the runners at different times; they start together
@@ -170,10 +201,9 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
         sampled[v] += sum(p["steps"] for p in groups[v].foreach_env_runner(
             lambda r: timed_sampling(r, warmup), local_env_runner=False))
     sample_together(warmup, names)
-    out: dict[str, list[float]] = defaultdict(list)
     recording = other.startswith("recorder")
     try:
-        for rep in range(reps):
+        for rep in rep_indices:
             order = names if rep % 2 == 0 else names[::-1]  # which variant starts on which CPU alternates too
             time.sleep(settle)
             if recording:
@@ -214,20 +244,6 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
     finally:
         for algo in algos.values():
             algo.stop()
-    row: dict[str, Any] = {"env": env, "runners": runners, "mode": mode, "other": other, "reps": reps,
-                           "seconds": seconds, **out}
-    if recording:
-        from rllib_recorder.reader import open_run
-
-        run_dir = next(d for d, _, files in os.walk(outs[other]) if "manifest.json" in files)
-        with open_run(run_dir) as run:
-            row["stored"], raw = run.num_env_steps, run.manifest.get("totals", {}).get("raw_bytes", 0)
-            row["bytes_per_step"] = dir_bytes(run_dir) / max(1, row["stored"])
-            row["compression"] = raw / max(1, dir_bytes(run_dir))
-        row["sampled"] = sampled[other]
-    elif other == "rllib":
-        row["bytes_per_step"] = dir_bytes(outs[other]) / max(1, sampled[other])
-    return row
 
 
 def target(mode: str) -> float:
@@ -242,7 +258,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        head = (f"| {r['env']} | {r['runners']} | {r['mode']} | {r['reps']} x {r['seconds']:.0f} "
+        head = (f"| {r['env']} | {r['runners']} | {r['mode']} | {r['reps']} x {r['seconds']:.0f}"
+                f"{', fresh' if r.get('fresh') else ''} "
                 f"| {benchdoc.cell(r['none_rate'], '{:.0f}')} | {r['other']} ")
         if not r["other"].startswith("recorder"):  # A/A control, or RLlib's recorder (its bytes per step)
             disk = f"{r['bytes_per_step']:.0f}" if "bytes_per_step" in r else "-"
@@ -282,13 +299,17 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=None, help="block length (default: cartpole 20, breakout 30)")
     parser.add_argument("--tick", type=float, default=0.25, help="seconds between moves of the runners' CPUs")
     parser.add_argument("--vs", default="recorder",
-                        choices=["recorder", "control", "rllib", "hollow", "recorder-discard", "recorder-nosend"],
+                        choices=["recorder", "control", "rllib", "hollow", "recorder-discard", "recorder-hold",
+                                 "recorder-nosend"],
                         help="what is timed against no recording: the recorder, a second plain config (A/A), "
                              "RLlib's recorder; diagnostics: ours with its env-runner callbacks emptied (hollow: "
-                             "writers and binding only), or capturing start states and discarding them")
+                             "writers and binding only), or handling start states only in part (discard: "
+                             "captured, thrown away; hold: captured, held; nosend: captured, held, packed)")
     parser.add_argument("--settings", default="", metavar="KEY=VALUE[,KEY=VALUE]",
                         help="recorder settings other than the defaults (e.g. coalesce_s=4); never written to the docs")
     parser.add_argument("--write", action="store_true", help="write the table into docs/BENCHMARKS.md")
+    parser.add_argument("--fresh", action="store_true",
+                        help="new algorithms (new env runner and writer processes) for every repetition")
     parser.add_argument("--verbose", action="store_true",
                         help="print each variant's page faults, kernel CPU and context switches per 1000 steps")
     args = parser.parse_args()
@@ -306,7 +327,7 @@ def main() -> None:
             seconds = args.seconds or SECONDS[env]
             print(f"{env}, {runners} runners, {mode}: {args.reps} x {seconds:.0f} s", flush=True)
             other = f"recorder:{args.settings}" if args.vs == "recorder" and args.settings else args.vs
-            rows.append(bench_row(env, runners, mode, args.reps, seconds, work, other, args.tick))
+            rows.append(bench_row(env, runners, mode, args.reps, seconds, work, other, args.tick, fresh=args.fresh))
     finally:
         ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)
