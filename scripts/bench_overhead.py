@@ -28,6 +28,7 @@ and is the one that resolves the targets.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import sys
@@ -76,8 +77,8 @@ def build(env: str, runners: int, mode: str, variant: str, out: str) -> Any:
         .env_runners(num_env_runners=runners, batch_mode=mode, rollout_fragment_length=FRAGMENT[env])
         .training(train_batch_size=FRAGMENT[env] * runners, minibatch_size=FRAGMENT[env], num_epochs=1)
     )
-    if variant in DIAGNOSTIC_RECORDERS:
-        config = config.callbacks(DIAGNOSTIC_RECORDERS[variant].configured(output_dir=out))
+    if variant in DIAGNOSTIC_VARIANTS:
+        config = config.callbacks(_diagnostic_recorders()[variant].configured(output_dir=out))
     elif variant.startswith("recorder"):
         config = config.callbacks(RecorderCallback.configured(output_dir=out, **recorder_settings(variant)))
     elif variant == "rllib":
@@ -88,7 +89,13 @@ def build(env: str, runners: int, mode: str, variant: str, out: str) -> Any:
     return config.build_algo()
 
 
+# Diagnostic variants (bench_paired.py --vs NAME): the recorder with part of its work left out
+DIAGNOSTIC_VARIANTS = ("hollow", "recorder-discard", "recorder-hold", "recorder-nosend")
+
+
+@functools.lru_cache(maxsize=None)
 def _diagnostic_recorders() -> dict[str, type]:
+    """The classes of DIAGNOSTIC_VARIANTS (made on first use: importing this module stays free of RLlib)."""
     from rllib_recorder import RecorderCallback
     from rllib_recorder.envstate import capture_state, sub_envs
 
@@ -128,8 +135,7 @@ def _diagnostic_recorders() -> dict[str, type]:
             _leave_start_states_out(pack=False)
             super().on_sample_end(**kwargs)
 
-    out = {"hollow": HollowRecorder, "recorder-discard": DiscardingRecorder, "recorder-nosend": PackingRecorder,
-           "recorder-hold": HoldingRecorder}
+    out = dict(zip(DIAGNOSTIC_VARIANTS, (HollowRecorder, DiscardingRecorder, HoldingRecorder, PackingRecorder)))
     for cls in out.values():
         cls.__module__ = __name__
     return out
@@ -158,9 +164,6 @@ def _leave_start_states_out(pack: bool = True) -> None:
     convert._start_states_left_out = True
 
 
-# Diagnostic variants (bench_paired.py --vs NAME): variants of the recorder that leave out part of its work
-DIAGNOSTIC_RECORDERS = _diagnostic_recorders()
-
 
 def recorder_settings(variant: str) -> dict[str, Any]:
     """The recorder settings a variant name carries: "recorder" (defaults) or "recorder:key=value,key=value"."""
@@ -173,8 +176,6 @@ def recorder_settings(variant: str) -> dict[str, Any]:
 def env_name(env: str) -> str:
     if env == "cartpole":
         return ENV_IDS[env]
-    import functools
-
     from ray.tune.registry import register_env
 
     from rllib_recorder.experiment import make_atari_env

@@ -36,6 +36,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -43,7 +44,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import benchdoc  # noqa: E402
 from bench_overhead import (  # noqa: E402
-    add_row_args, build, dir_bytes, drain, recorder_state, row_specs, timed_sampling, writers_cpu,
+    DIAGNOSTIC_VARIANTS, add_row_args, build, dir_bytes, drain, recorder_state, row_specs, timed_sampling,
+    writers_cpu,
     writers_cpu_since,
 )
 
@@ -130,9 +132,27 @@ def idle_writer_cpu(group: Any, seconds: float = 3.0) -> float:
     return writers_cpu_since(group, before) / (time.perf_counter() - start)
 
 
-VERBOSE = False
 COUNTERS = (("minflt", "page faults", 1), ("sys", "ms kernel CPU", 1000), ("nvcsw", "voluntary switches", 1),
             ("nivcsw", "involuntary switches", 1), ("gc0", "GC gen-0", 1), ("gc1", "gen-1", 1), ("gc2", "gen-2", 1))
+
+
+@dataclass(frozen=True)
+class RowSetup:
+    """What every block of one row shares: the row, the variant timed against none, and how blocks are timed."""
+
+    env: str
+    runners: int
+    mode: str
+    seconds: float
+    other: str
+    tick: float
+    warmup: float = 3.0
+    settle: float = 1.0
+    verbose: bool = False
+
+    @property
+    def names(self) -> tuple[str, str]:
+        return ("none", self.other)
 
 
 def process_counters(parts: list[dict[str, float]]) -> str:
@@ -142,22 +162,21 @@ def process_counters(parts: list[dict[str, float]]) -> str:
         f"{1000 * scale * sum(p[key] for p in parts) / steps:.1f} {label}" for key, label, scale in COUNTERS)
 
 
-def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work: str, other: str, tick: float,
-              warmup: float = 3.0, settle: float = 1.0, fresh: bool = False) -> dict[str, Any]:
-    """Times ``reps`` blocks of none and ``other`` together. ``fresh``: new algorithms (new env runner and writer
-    processes) for every block, so that the repetitions also vary what a process keeps for its whole life (where
-    its memory lies, which CPU caches it shares): one set of processes can be faster or slower than another by a
-    few percent for as long as it lives, which repetitions with the same processes cannot show."""
-    names = ("none", other)
-    row_dir = os.path.join(work, f"{env}-{runners}-{mode}-{other.replace(':', '-')}")
+def bench_row(setup: RowSetup, reps: int, work: str, fresh: bool = False) -> dict[str, Any]:
+    """Times ``reps`` blocks of none and ``setup.other`` together. ``fresh``: new algorithms (new env runner and
+    writer processes) for every block, so that the repetitions also vary what a process keeps for its whole life
+    (where its memory lies, which CPU caches it shares): one set of processes can be faster or slower than another
+    by a few percent for as long as it lives, which repetitions with the same processes cannot show."""
+    other = setup.other
+    row_dir = os.path.join(work, f"{setup.env}-{setup.runners}-{setup.mode}-{other.replace(':', '-')}")
     sampled: dict[str, int] = defaultdict(int)
     out: dict[str, list[float]] = defaultdict(list)
     builds = [(b, [b]) for b in range(reps)] if fresh else [(0, list(range(reps)))]
     for build_index, rep_indices in builds:
-        outs = {v: os.path.join(row_dir, f"build-{build_index}", v.replace(':', '-')) for v in names}
-        _timed_build(env, runners, mode, rep_indices, seconds, other, tick, warmup, settle, names, outs, sampled, out)
-    row: dict[str, Any] = {"env": env, "runners": runners, "mode": mode, "other": other, "reps": reps,
-                           "seconds": seconds, "fresh": fresh, **out}
+        outs = {v: os.path.join(row_dir, f"build-{build_index}", v.replace(':', '-')) for v in setup.names}
+        _timed_build(setup, rep_indices, outs, sampled, out)
+    row: dict[str, Any] = {"env": setup.env, "runners": setup.runners, "mode": setup.mode, "other": other,
+                           "reps": reps, "seconds": setup.seconds, "fresh": fresh, **out}
     if other.startswith("recorder"):
         from rllib_recorder.reader import open_run
 
@@ -175,16 +194,18 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
     return row
 
 
-def _timed_build(env: str, runners: int, mode: str, rep_indices: list[int], seconds: float, other: str,
-                 tick: float, warmup: float, settle: float, names: tuple[str, str], outs: dict[str, str],
-                 sampled: dict[str, int], out: dict[str, list[float]]) -> None:
-    """Builds none and ``other``, warms them up, times the repetitions ``rep_indices`` into ``out``, stops them."""
-    algos = {v: build(env, runners, mode, v, outs[v]) for v in names}
+def _timed_build(setup: RowSetup, rep_indices: list[int], outs: dict[str, str], sampled: dict[str, int],
+                 out: dict[str, list[float]]) -> None:
+    """Builds none and ``setup.other``, warms them up, times the repetitions ``rep_indices`` into ``out`` (and the
+    steps each variant sampled into ``sampled``), stops them."""
+    env, runners, other, names = setup.env, setup.runners, setup.other, setup.names
+    algos = {v: build(env, runners, setup.mode, v, outs[v]) for v in names}
     groups = {v: a.env_runner_group for v, a in algos.items()}
+
     def sample_together(block_s: float, order: tuple[str, ...]) -> dict[str, list[dict[str, float]]]:
         pids = [groups[v].foreach_env_runner(runner_pid, local_env_runner=False) for v in order]
         start_at = time.time() + 1.0  # the calls reach the runners at different times; they start together
-        with Rotation(pids, tick, writers), concurrent.futures.ThreadPoolExecutor(len(order)) as pool:
+        with Rotation(pids, setup.tick, writers), concurrent.futures.ThreadPoolExecutor(len(order)) as pool:
             futures = {v: pool.submit(groups[v].foreach_env_runner,
                                       lambda r: timed_sampling(r, block_s, start_at), local_env_runner=False)
                        for v in order}
@@ -199,18 +220,18 @@ def _timed_build(env: str, runners: int, mode: str, rep_indices: list[int], seco
                        for pid in part.values()}) if other.startswith("recorder") else [])
     for v in names:  # env creation, first forward passes, the recorder's first hand-off and file
         sampled[v] += sum(p["steps"] for p in groups[v].foreach_env_runner(
-            lambda r: timed_sampling(r, warmup), local_env_runner=False))
-    sample_together(warmup, names)
+            lambda r: timed_sampling(r, setup.warmup), local_env_runner=False))
+    sample_together(setup.warmup, names)
     recording = other.startswith("recorder")
     try:
         for rep in rep_indices:
             order = names if rep % 2 == 0 else names[::-1]  # which variant starts on which CPU alternates too
-            time.sleep(settle)
+            time.sleep(setup.settle)
             if recording:
                 state0, wcpu0 = groups[other].foreach_env_runner(recorder_state, local_env_runner=False), \
                     writers_cpu(groups[other])
             block_start = time.perf_counter()
-            parts = sample_together(seconds, order)
+            parts = sample_together(setup.seconds, order)
             # each runner's own rate: a runner finishing its last sample() after the others have stopped runs
             # faster then, and that must not count for the others
             rate = {v: sum(p["steps"] / p["elapsed"] for p in parts[v]) for v in names}
@@ -221,7 +242,7 @@ def _timed_build(env: str, runners: int, mode: str, rep_indices: list[int], seco
             out["cpu_ratio"].append(cps["none"] / cps[other])
             line = (f"  rep {rep}: none {rate['none']:.0f}, {other} {rate[other]:.0f} steps/s: ratio {ratio:.3f}; "
                     f"CPU per step ratio {out['cpu_ratio'][-1]:.3f}")
-            if VERBOSE:
+            if setup.verbose:
                 line += "".join(f"\n    {v}: {process_counters(parts[v])}" for v in names)
             if recording:
                 out["drain_s"].append(max(groups[other].foreach_env_runner(drain, local_env_runner=False)))
@@ -299,8 +320,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=None, help="block length (default: cartpole 20, breakout 30)")
     parser.add_argument("--tick", type=float, default=0.25, help="seconds between moves of the runners' CPUs")
     parser.add_argument("--vs", default="recorder",
-                        choices=["recorder", "control", "rllib", "hollow", "recorder-discard", "recorder-hold",
-                                 "recorder-nosend"],
+                        choices=["recorder", "control", "rllib", *DIAGNOSTIC_VARIANTS],
                         help="what is timed against no recording: the recorder, a second plain config (A/A), "
                              "RLlib's recorder; diagnostics: ours with its env-runner callbacks emptied (hollow: "
                              "writers and binding only), or handling start states only in part (discard: "
@@ -313,8 +333,6 @@ def main() -> None:
     parser.add_argument("--verbose", action="store_true",
                         help="print each variant's page faults, kernel CPU and context switches per 1000 steps")
     args = parser.parse_args()
-    global VERBOSE
-    VERBOSE = args.verbose
 
     import ray
 
@@ -327,7 +345,8 @@ def main() -> None:
             seconds = args.seconds or SECONDS[env]
             print(f"{env}, {runners} runners, {mode}: {args.reps} x {seconds:.0f} s", flush=True)
             other = f"recorder:{args.settings}" if args.vs == "recorder" and args.settings else args.vs
-            rows.append(bench_row(env, runners, mode, args.reps, seconds, work, other, args.tick, fresh=args.fresh))
+            setup = RowSetup(env, runners, mode, seconds, other, args.tick, verbose=args.verbose)
+            rows.append(bench_row(setup, args.reps, work, fresh=args.fresh))
     finally:
         ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)

@@ -6,7 +6,8 @@ by --toggle on and off: ``start_states``, the capture of each episode's start st
 hand-off to the writer run in both), or ``recording``, the recorder's callbacks altogether. Compares the
 process's CPU per env step, summed over each variant's blocks: besides the callbacks' own time, this sees what
 they cost the code around them (caches). Alternating short blocks in one process on one CPU cancels most of
-the drift of this machine's CPU speed; the writer actor runs on the other CPU.
+the drift of this machine's CPU speed. Only this process's main thread is pinned; Ray's processes (the
+writer) are left to the scheduler.
 
     python scripts/toggle_in_runner.py --env cartpole --mode truncate_episodes --toggle recording
 """
@@ -60,7 +61,7 @@ def main() -> None:
         totals = {True: [0, 0.0], False: [0, 0.0]}
         pairs = []
         for block in range(2 * args.blocks):
-            on = state["on"] = (block % 2 == 0) if (block // 2) % 2 == 0 else (block % 2 == 1)  # ABBA order
+            on = state["on"] = (block % 2 == 0) == (block // 2 % 2 == 0)  # ABBA: on, off, off, on, ...
             steps, cpu0, start = 0, time.process_time(), time.perf_counter()
             while time.perf_counter() - start < args.block:
                 steps += sum(len(e) for e in env_runner.sample())
@@ -74,7 +75,7 @@ def main() -> None:
         for i in range(0, len(pairs), 2):
             (a_on, a), (_, b) = pairs[i], pairs[i + 1]
             ratios.append(b / a if a_on else a / b)  # off over on, per adjacent pair
-        stored = env_runner_stats(algo)
+        stored = stored_rows(algo)
         algo.stop()
     ray.shutdown()
     print(f"{args.env} {args.mode}, {args.blocks} blocks of {args.block:g} s per variant, pinned to CPU {args.cpu}")
@@ -85,8 +86,8 @@ def main() -> None:
     print(f"steps: on {totals[True][0]}, off {totals[False][0]}; stored {stored}")
 
 
-def env_runner_stats(algo) -> int:
-    """Steps the recorder stored (drained at stop): a check that both variants recorded."""
+def stored_rows(algo) -> int:
+    """Rows the local env runner's writer acknowledged, once everything held was sent (drained)."""
     from rllib_recorder.runner import recorder_for
 
     recorder = recorder_for(algo.env_runner_group.local_env_runner)
