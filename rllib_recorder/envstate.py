@@ -99,8 +99,8 @@ class Captured:
     def pack(self, first_step_ended: bool = True) -> bytes:
         """The state blob; ``FIRST_STEP_ONLY_ATTRS`` only if the episode's first step ended it."""
         arrays, meta = self._build()
-        if first_step_ended:
-            return pack(arrays, meta)
+        if first_step_ended or not any(a in attrs for _, attrs in meta["layers"] for a in FIRST_STEP_ONLY_ATTRS):
+            return pack(arrays, meta)  # (classic-control envs never hold them)
         layers, dropped = [], set()
         for name, attrs in meta["layers"]:
             kept = {a: ref for a, ref in attrs.items() if a not in FIRST_STEP_ONLY_ATTRS}
@@ -126,19 +126,8 @@ def capture(env: Any) -> tuple[str, bytes] | None:
 def capture_state(env: Any) -> Captured | None:
     """``env``'s state as it is now (values read and arrays copied, nothing packed), or None if the env is not
     supported."""
-    plan = _plan_of(env)
-    if plan is None:
-        return None
-    base = plan.base()
-    layer_values = []
-    for _, _, names, layer in plan.layers:
-        values = layer().__dict__
-        layer_values.append([_snap(values[a]) if a in values else _ABSENT for a in names])
-    rng = _rng_state(base)
-    if plan.kind == KIND_ALE:
-        return Captured(KIND_ALE, plan, (layer_values, rng, base.ale.cloneState(include_rng=True).serialize(), ()))
-    return Captured(KIND_CLASSIC, plan,
-                    (layer_values, rng, np.array(base.state), [_snap(getattr(base, n)) for n in plan.base_attrs]))
+    plan = plan_of(env)
+    return None if plan is None else plan.capture()
 
 
 class _Plan:
@@ -166,6 +155,23 @@ class _Plan:
         self.base_attrs = () if self.kind == KIND_ALE else tuple(n for n in CLASSIC_ATTRS if hasattr(base, n))
         self.env: Any = None
 
+    def capture(self) -> Captured | None:
+        """The env's state as it is now (``capture_state``); None if the env is gone. One call does all the
+        reading: live, every further Python call and lookup here costs several times its price in a loop."""
+        base = self.base()
+        if base is None:
+            return None
+        layer_values = []
+        for _, _, names, layer in self.layers:
+            values = layer().__dict__
+            layer_values.append([_snap(values[a]) if a in values else _ABSENT for a in names])
+        rng = getattr(base, "_np_random", None)  # gymnasium's Env keeps its generator there (None before seeding)
+        rng = None if rng is None else rng.bit_generator.state
+        if self.kind == KIND_ALE:
+            return Captured(KIND_ALE, self, (layer_values, rng, base.ale.cloneState(include_rng=True).serialize(), ()))
+        return Captured(KIND_CLASSIC, self,
+                        (layer_values, rng, np.array(base.state), [_snap(getattr(base, n)) for n in self.base_attrs]))
+
 
 class _Strong:
     """A strong reference with a weak reference's call: for the plan of an env that can't be weakly referenced
@@ -185,7 +191,7 @@ class _Strong:
 _PLANS: dict[int, _Plan] = {}
 
 
-def _plan_of(env: Any) -> _Plan | None:
+def plan_of(env: Any) -> _Plan | None:
     """``env``'s capture plan (made on first use), or None if the env is not supported (not remembered: a
     classic-control env has no state before its first reset)."""
     key = id(env)
@@ -291,11 +297,6 @@ def _layers(env: Any) -> list[Any]:
         layers.append(layer)
         layer = getattr(layer, "env", None)
     return layers
-
-
-def _rng_state(base: Any) -> dict[str, Any] | None:
-    rng = getattr(base, "_np_random", None)
-    return None if rng is None else rng.bit_generator.state
 
 
 # A wrapper attribute the plan names that the wrapper does not have at this capture.

@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Any
 
 from rllib_recorder.convert import START_STATE_KEY, Chunk, ConvertOptions, batch_to_chunk, episodes_to_chunk
-from rllib_recorder.envstate import capture_state, sub_envs
+from rllib_recorder.envstate import plan_of, sub_envs
 from rllib_recorder.outbox import Outbox
 from rllib_recorder.pool import Binding, RayTransport
 
@@ -59,18 +59,20 @@ class StartStates:
     """Keeps each new episode's start state on the episode, for one env runner's callback object.
 
     Runs on every episode start (new API stack, single agent), so it remembers its runner's recorder and the
-    vector env's sub-envs instead of looking them up each time (RLlib passes the same objects until it recreates
-    the runner or its env). Nothing when the state can't be captured, or when the runner does not record it (an
-    evaluation runner with ``record_evaluation=False``, or ``record_start_states=False``).
+    capture plan of each of the vector env's sub-envs instead of looking them up each time (RLlib passes the
+    same objects until it recreates the runner or its env). Nothing when the state can't be captured, or when
+    the runner does not record it (an evaluation runner with ``record_evaluation=False``, or
+    ``record_start_states=False``).
     """
 
-    __slots__ = ("_runner", "_recorder", "_vector_env", "_envs")
+    __slots__ = ("_runner", "_recorder", "_vector_env", "_envs", "_plans")
 
     def __init__(self) -> None:
         self._runner: Any = None
         self._recorder: RunnerRecorder | None = None
         self._vector_env: Any = None
         self._envs: Any = None
+        self._plans: list[Any] = []  # per sub-env: its plan, None (not planned yet) or False (not supported)
 
     def keep(self, episode: Any, vector_env: Any, env_index: int, env_runner: Any = None) -> None:
         if env_runner is not self._runner:
@@ -79,10 +81,16 @@ class StartStates:
             return
         if vector_env is not self._vector_env:
             self._vector_env, self._envs = vector_env, sub_envs(vector_env)
-        envs = self._envs
-        if envs is None or env_index >= len(envs):
+            self._plans = [None] * len(self._envs or ())
+        plans = self._plans
+        if env_index >= len(plans):
             return
-        captured = capture_state(envs[env_index])  # packed at conversion
+        plan = plans[env_index]
+        if plan is None:  # planned after its first reset (a classic-control env has no state before it)
+            plan = plans[env_index] = plan_of(self._envs[env_index]) or False
+        if plan is False:
+            return
+        captured = plan.capture()  # packed at conversion
         if captured is not None:
             episode.custom_data[START_STATE_KEY] = captured
 
@@ -98,15 +106,13 @@ class RunnerRecorder:
         self.options = ConvertOptions()
         self.errors: Counter[str] = Counter()
         self._unbound: list[Chunk] = []
+        # Read on every episode start: unbound runners capture (their samples are held until bound), bound ones
+        # as configured. Set again by ``bind``.
+        self.records_start_states = self.enabled
 
     @property
     def enabled(self) -> bool:
         return self.binding is None or not self.is_evaluation or self.binding.config.record_evaluation
-
-    @property
-    def records_start_states(self) -> bool:
-        """Unbound runners capture (their samples are held until bound); bound ones as configured."""
-        return self.enabled and (self.binding is None or self.binding.config.record_start_states)
 
     def bind(self, binding: Binding) -> None:
         if self.binding is not None and self.binding.run_id == binding.run_id:
@@ -115,6 +121,7 @@ class RunnerRecorder:
         self.binding = binding
         self.options = ConvertOptions(config.record_infos, config.record_extra_model_outputs, config.encode_uint8,
                                       config.stack_frames)
+        self.records_start_states = self.enabled and config.record_start_states
         if not self.enabled:
             self._unbound.clear()
             return

@@ -41,7 +41,7 @@ TARGETS = (
     ("rllib_recorder.outbox", "Outbox", "flush"),
     ("rllib_recorder.outbox", None, "merge_chunks"),
     ("rllib_recorder.pool", "RayTransport", "send"),
-    ("rllib_recorder.runner", None, "capture_state"),
+    ("rllib_recorder.envstate", "_Plan", "capture"),
 )
 
 

@@ -46,7 +46,8 @@ def main() -> None:
     os.sched_setaffinity(0, {args.cpu})
     state = {"on": True}
     if args.toggle == "start_states":
-        runner_module.RunnerRecorder.records_start_states = property(lambda self: self.enabled and state["on"])
+        keep = runner_module.StartStates.keep
+        runner_module.StartStates.keep = lambda self, *a, **kw: keep(self, *a, **kw) if state["on"] else None
     else:
         for name in ("on_sample_end", "on_episode_start"):
             method = getattr(RecorderCallback, name)
