@@ -511,6 +511,16 @@ def _eps_ids_array(eps_ids: Sequence[Any]) -> np.ndarray:
     return np.array(encoded, dtype=EPS_ID_DTYPE)
 
 
+def _all_items(buffer: Any) -> Any:
+    """``buffer.get()``: an RLlib InfiniteLookbackBuffer's items after its lookback, what an episode's getters
+    (``get_observations()`` ...) return. Read directly when the buffer holds one finalized numpy array, as
+    RLlib's own fast path does, without the four calls it makes first (seven such reads per episode)."""
+    data = buffer.data
+    if buffer.finalized and type(data) is np.ndarray:
+        return data[buffer.lookback:]
+    return buffer.get()
+
+
 def _episodes_stream(items: Sequence[tuple[Any, str, Any]], options: ConvertOptions) -> Stream:
     """One agent's stream of episode fragments ``(episode, episode id, module id)``, in order.
 
@@ -525,7 +535,7 @@ def _episodes_stream(items: Sequence[tuple[Any, str, Any]], options: ConvertOpti
     infos: list[str] = []
     for episode, eps_id, _ in items:
         n = len(episode)
-        obs_cols = flatten_value("obs", episode.get_observations(), containers)
+        obs_cols = flatten_value("obs", _all_items(episode.observations), containers)
         num_obs = len(next(iter(obs_cols.values())))
         if num_obs not in (n, n + 1):
             raise ConversionError(
@@ -533,17 +543,17 @@ def _episodes_stream(items: Sequence[tuple[Any, str, Any]], options: ConvertOpti
                 "expected one more observation than actions"
             )
         steps = {k: v[:n] for k, v in obs_cols.items()}
-        steps.update(flatten_value("actions", episode.get_actions(), containers))
-        steps["rewards"] = rewards = np.asarray(episode.get_rewards())
+        steps.update(flatten_value("actions", _all_items(episode.actions), containers))
+        steps["rewards"] = rewards = np.asarray(_all_items(episode.rewards))
         extras = episode.extra_model_outputs if hasattr(episode, "extra_model_outputs") else {}
-        versions = episode.get_extra_model_outputs("weights_seq_no") if "weights_seq_no" in extras else None
+        versions = _all_items(extras["weights_seq_no"]) if "weights_seq_no" in extras else None
         steps["weights_seq_no"] = (
             np.asarray(versions, dtype=np.int64) if versions is not None else np.full(n, -1, np.int64)
         )
         if options.record_extra_model_outputs:
             for key in sorted(k for k in extras if k != "weights_seq_no"):
                 steps.update(
-                    flatten_value(f"extra_model_outputs/{key}", episode.get_extra_model_outputs(key), containers)
+                    flatten_value(f"extra_model_outputs/{key}", _all_items(extras[key]), containers)
                 )
         has_last_obs = num_obs == n + 1
         last = {
@@ -560,7 +570,7 @@ def _episodes_stream(items: Sequence[tuple[Any, str, Any]], options: ConvertOpti
         has_last.append(has_last_obs)
         returns.append(float(rewards.sum()))
         if options.record_infos:
-            infos.append(infos_to_json(episode.get_infos()))
+            infos.append(infos_to_json(_all_items(episode.infos)))
     stream = concat_streams(parts)  # checks that every episode has the same columns; new dicts, or parts[0]'s
     eps_ids = _eps_ids_array([eps_id for _, eps_id, _ in items])
     steps = stream.steps

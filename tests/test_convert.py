@@ -82,6 +82,37 @@ def test_options_drop_infos_and_extras():
     assert stream.steps["weights_seq_no"].tolist() == [3, 3]  # versions are never dropped
 
 
+def test_buffers_are_read_as_the_episode_getters_return_them():
+    # convert reads an episode's buffers directly (_all_items); it must match RLlib's getters, numpy'd or not, with
+    # a lookback (a cut episode's continuation) and without, for arrays and for dict observations.
+    from rllib_recorder.convert import _all_items
+
+    def check(episode):
+        pairs = [(episode.observations, episode.get_observations()), (episode.actions, episode.get_actions()),
+                 (episode.rewards, episode.get_rewards()), (episode.infos, episode.get_infos())]
+        pairs += [(episode.extra_model_outputs[k], episode.get_extra_model_outputs(k))
+                  for k in episode.extra_model_outputs]
+        for buffer, expected in pairs:
+            got = _all_items(buffer)
+            assert type(got) is type(expected)
+            if isinstance(expected, dict):
+                for key in expected:
+                    np.testing.assert_array_equal(got[key], expected[key])
+            else:
+                np.testing.assert_array_equal(np.asarray(got, dtype=object), np.asarray(expected, dtype=object))
+
+    for obs in ([np.full(2, t, np.float32) for t in range(6)], [{"p": np.full(2, t, np.float32)} for t in range(6)]):
+        episode = SingleAgentEpisode(
+            observations=obs, actions=[0, 1, 0, 1, 1], rewards=[1.0, 2.0, 3.0, 4.0, 5.0],
+            infos=[{"t": t} for t in range(6)],
+            extra_model_outputs={"logp": [-0.1, -0.2, -0.3, -0.4, -0.5]}, len_lookback_buffer=2,
+        )
+        check(episode)
+        episode.to_numpy()
+        check(episode)
+        assert len(_all_items(episode.actions)) == 3  # after the lookback of 2
+
+
 def test_nested_dict_tuple_observations_flatten_with_containers():
     obs = [{"pos": np.full(2, t, np.float32), "inv": (np.int64(t), np.full(3, t, np.uint8))} for t in range(3)]
     episode = SingleAgentEpisode(observations=obs, actions=[0, 1], rewards=[1.0, 2.0], len_lookback_buffer=0)
