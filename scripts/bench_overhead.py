@@ -77,7 +77,7 @@ def build(env: str, runners: int, mode: str, variant: str, out: str) -> Any:
         .env_runners(num_env_runners=runners, batch_mode=mode, rollout_fragment_length=FRAGMENT[env])
         .training(train_batch_size=FRAGMENT[env] * runners, minibatch_size=FRAGMENT[env], num_epochs=1)
     )
-    if variant in DIAGNOSTIC_VARIANTS:
+    if variant in (*DIAGNOSTIC_VARIANTS, TOGGLED):
         config = config.callbacks(_diagnostic_recorders()[variant].configured(output_dir=out))
     elif variant.startswith("recorder"):
         config = config.callbacks(RecorderCallback.configured(output_dir=out, **recorder_settings(variant)))
@@ -91,6 +91,15 @@ def build(env: str, runners: int, mode: str, variant: str, out: str) -> Any:
 
 # Diagnostic variants (bench_paired.py --vs NAME): the recorder with part of its work left out
 DIAGNOSTIC_VARIANTS = ("hollow", "recorder-discard", "recorder-hold", "recorder-nosend")
+# The recorder with an off switch in each env runner (bench_paired.py --crossover), and the switch: an attribute
+# of the env runner object, set between timed blocks by ``switch_recording``.
+TOGGLED = "recorder-toggled"
+RECORDING_OFF = "_bench_recording_off"
+
+
+def switch_recording(runner: Any, on: bool) -> None:
+    """Runs inside one env runner: the toggled recorder's callbacks work (``on``) or return at once."""
+    setattr(runner, RECORDING_OFF, not on)
 
 
 @functools.lru_cache(maxsize=None)
@@ -135,7 +144,21 @@ def _diagnostic_recorders() -> dict[str, type]:
             _leave_start_states_out(pack=False)
             super().on_sample_end(**kwargs)
 
+    class ToggledRecorder(RecorderCallback):
+        """The recorder, but while its env runner's switch is off (``switch_recording``) its env-runner callbacks
+        return at once, as the hollow recorder's: the same processes then sample as with no recording, but for
+        the idle writers and one attribute read per callback (hollow measured 0.999 of none, stop 21)."""
+
+        def on_episode_start(self, **kwargs: Any) -> None:
+            if not getattr(kwargs.get("env_runner"), RECORDING_OFF, False):
+                super().on_episode_start(**kwargs)
+
+        def on_sample_end(self, **kwargs: Any) -> None:
+            if not getattr(kwargs.get("env_runner"), RECORDING_OFF, False):
+                super().on_sample_end(**kwargs)
+
     out = dict(zip(DIAGNOSTIC_VARIANTS, (HollowRecorder, DiscardingRecorder, HoldingRecorder, PackingRecorder)))
+    out[TOGGLED] = ToggledRecorder
     for cls in out.values():
         cls.__module__ = __name__
     return out

@@ -44,9 +44,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import benchdoc  # noqa: E402
 from bench_overhead import (  # noqa: E402
-    DIAGNOSTIC_VARIANTS, add_row_args, build, dir_bytes, drain, recorder_state, row_specs, timed_sampling,
-    writers_cpu,
-    writers_cpu_since,
+    DIAGNOSTIC_VARIANTS, TOGGLED, add_row_args, build, dir_bytes, drain, recorder_state, row_specs,
+    switch_recording, timed_sampling, writers_cpu, writers_cpu_since,
 )
 
 CPUS = os.cpu_count() or 1
@@ -162,21 +161,26 @@ def process_counters(parts: list[dict[str, float]]) -> str:
         f"{1000 * scale * sum(p[key] for p in parts) / steps:.1f} {label}" for key, label, scale in COUNTERS)
 
 
-def bench_row(setup: RowSetup, reps: int, work: str, fresh: bool = False) -> dict[str, Any]:
+def bench_row(setup: RowSetup, reps: int, work: str, fresh: bool = False, crossover: bool = False) -> dict[str, Any]:
     """Times ``reps`` blocks of none and ``setup.other`` together. ``fresh``: new algorithms (new env runner and
     writer processes) for every block, so that the repetitions also vary what a process keeps for its whole life
     (where its memory lies, which CPU caches it shares): one set of processes can be faster or slower than another
-    by a few percent for as long as it lives, which repetitions with the same processes cannot show."""
+    by a few percent for as long as it lives, which repetitions with the same processes cannot show.
+    ``crossover``: each repetition is two blocks in which the same two sets of processes take turns at recording
+    (``_crossover_build``), so that what each set is faster or slower by cancels out."""
     other = setup.other
     row_dir = os.path.join(work, f"{setup.env}-{setup.runners}-{setup.mode}-{other.replace(':', '-')}")
     sampled: dict[str, int] = defaultdict(int)
     out: dict[str, list[float]] = defaultdict(list)
     builds = [(b, [b]) for b in range(reps)] if fresh else [(0, list(range(reps)))]
+    names, timed = (("A", "B"), _crossover_build) if crossover else (setup.names, _timed_build)
     for build_index, rep_indices in builds:
-        outs = {v: os.path.join(row_dir, f"build-{build_index}", v.replace(':', '-')) for v in setup.names}
-        _timed_build(setup, rep_indices, outs, sampled, out)
+        outs = {v: os.path.join(row_dir, f"build-{build_index}", v.replace(':', '-')) for v in names}
+        timed(setup, rep_indices, outs, sampled, out)
+    if crossover:
+        sampled[other] = sampled["A"] + sampled["B"]
     row: dict[str, Any] = {"env": setup.env, "runners": setup.runners, "mode": setup.mode, "other": other,
-                           "reps": reps, "seconds": setup.seconds, "fresh": fresh, **out}
+                           "reps": reps, "seconds": setup.seconds, "fresh": fresh, "crossover": crossover, **out}
     if other.startswith("recorder"):
         from rllib_recorder.reader import open_run
 
@@ -194,48 +198,102 @@ def bench_row(setup: RowSetup, reps: int, work: str, fresh: bool = False) -> dic
     return row
 
 
-def _timed_build(setup: RowSetup, rep_indices: list[int], outs: dict[str, str], sampled: dict[str, int],
-                 out: dict[str, list[float]]) -> None:
-    """Builds none and ``setup.other``, warms them up, times the repetitions ``rep_indices`` into ``out`` (and the
-    steps each variant sampled into ``sampled``), stops them."""
-    env, runners, other, names = setup.env, setup.runners, setup.other, setup.names
-    algos = {v: build(env, runners, setup.mode, v, outs[v]) for v in names}
-    groups = {v: a.env_runner_group for v, a in algos.items()}
+class Together:
+    """Algorithms whose env runners sample in the same seconds, moved between the CPUs (``Rotation``), with
+    their writers; counts what each variant sampled into ``sampled`` (while ``counting`` says so)."""
 
-    def sample_together(block_s: float, order: tuple[str, ...]) -> dict[str, list[dict[str, float]]]:
+    def __init__(self, setup: RowSetup, algos: dict[str, Any], sampled: dict[str, int],
+                 recorders: tuple[str, ...]) -> None:
+        self.setup, self.algos, self.sampled = setup, algos, sampled
+        self.groups = {v: a.env_runner_group for v, a in algos.items()}
+        self.counting = {v: True for v in algos}
+        self.writers = sorted({pid for v in recorders  # the variants with our recorder, so with writers
+                               for part in self.groups[v].foreach_env_runner(writer_pid, local_env_runner=False)
+                               for pid in part.values()})
+
+    def warm_up(self) -> None:
+        """Env creation, first forward passes, the recorder's first hand-off and file: alone, then together."""
+        warmup = self.setup.warmup  # (a lambda using self would ship the algorithms to the runners)
+        for v, group in self.groups.items():
+            self.sampled[v] += sum(p["steps"] for p in group.foreach_env_runner(
+                lambda r: timed_sampling(r, warmup), local_env_runner=False))
+        self.sample(self.setup.warmup, tuple(self.groups))
+
+    def sample(self, block_s: float, order: tuple[str, ...]) -> dict[str, list[dict[str, float]]]:
+        groups = self.groups
         pids = [groups[v].foreach_env_runner(runner_pid, local_env_runner=False) for v in order]
         start_at = time.time() + 1.0  # the calls reach the runners at different times; they start together
-        with Rotation(pids, setup.tick, writers), concurrent.futures.ThreadPoolExecutor(len(order)) as pool:
+        with Rotation(pids, self.setup.tick, self.writers), \
+                concurrent.futures.ThreadPoolExecutor(len(order)) as pool:
             futures = {v: pool.submit(groups[v].foreach_env_runner,
                                       lambda r: timed_sampling(r, block_s, start_at), local_env_runner=False)
                        for v in order}
             parts = {v: f.result() for v, f in futures.items()}
         for v, p in parts.items():
-            if len(p) != runners:
+            if len(p) != self.setup.runners:
                 raise RuntimeError(f"{v}: an env runner died during the block (see the log above)")
-            sampled[v] += sum(x["steps"] for x in p)
+            if self.counting[v]:
+                self.sampled[v] += sum(x["steps"] for x in p)
         return parts
 
-    writers = (sorted({pid for part in groups[other].foreach_env_runner(writer_pid, local_env_runner=False)
-                       for pid in part.values()}) if other.startswith("recorder") else [])
-    for v in names:  # env creation, first forward passes, the recorder's first hand-off and file
-        sampled[v] += sum(p["steps"] for p in groups[v].foreach_env_runner(
-            lambda r: timed_sampling(r, setup.warmup), local_env_runner=False))
-    sample_together(setup.warmup, names)
+    def stop(self) -> None:
+        for algo in self.algos.values():
+            algo.stop()
+
+
+def _rates(parts: dict[str, list[dict[str, float]]]) -> tuple[dict[str, float], dict[str, float]]:
+    """Each variant's steps per second (each runner's own rate, summed: a runner finishing its last sample()
+    after the others have stopped runs faster then, and that must not count for the others) and CPU per step."""
+    rate = {v: sum(x["steps"] / x["elapsed"] for x in p) for v, p in parts.items()}
+    cps = {v: sum(x["cpu"] for x in p) / sum(x["steps"] for x in p) for v, p in parts.items()}
+    return rate, cps
+
+
+class WriterCharge:
+    """The recording variant's writers over one block: their CPU charged as the recorder would pay it alone,
+    the sampler's wait for acks, the drain after the block."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+        self.state0, self.wcpu0 = group.foreach_env_runner(recorder_state, local_env_runner=False), writers_cpu(group)
+        self.start = time.perf_counter()
+
+    def finish(self, setup: RowSetup, steps: int, cpu_per_step: float, ratio: float,
+               out: dict[str, list[float]]) -> str:
+        group = self.group
+        out["drain_s"].append(max(group.foreach_env_runner(drain, local_env_runner=False)))
+        writer_s = writers_cpu_since(group, self.wcpu0)
+        block_s = time.perf_counter() - self.start
+        floor = idle_writer_cpu(group)
+        work_ps = max(0.0, writer_s - floor * block_s) / steps
+        alone = (work_ps / (cpu_per_step + work_ps) + floor / CPUS) if setup.runners >= CPUS else 0.0
+        out["charged"].append(ratio * (1 - alone))
+        out["writer_alone"].append(alone)
+        out["floor"].append(floor / CPUS)
+        state1 = group.foreach_env_runner(recorder_state, local_env_runner=False)
+        samples = sum(a["samples"] - b["samples"] for a, b in zip(state1, self.state0))
+        out["wait_ms"].append(1000 * sum(a["wait_s"] - b["wait_s"] for a, b in zip(state1, self.state0))
+                              / max(1, samples))
+        return (f"; writers charged {100 * alone:.2f}% (floor {100 * floor / CPUS:.2f}%): "
+                f"{out['charged'][-1]:.3f}; drain {out['drain_s'][-1]:.2f} s")
+
+
+def _timed_build(setup: RowSetup, rep_indices: list[int], outs: dict[str, str], sampled: dict[str, int],
+                 out: dict[str, list[float]]) -> None:
+    """Builds none and ``setup.other``, warms them up, times the repetitions ``rep_indices`` into ``out`` (and the
+    steps each variant sampled into ``sampled``), stops them."""
+    other, names = setup.other, setup.names
     recording = other.startswith("recorder")
+    pair = Together(setup, {v: build(setup.env, setup.runners, setup.mode, v, outs[v]) for v in names}, sampled,
+                    (other,) if recording else ())
     try:
+        pair.warm_up()
         for rep in rep_indices:
             order = names if rep % 2 == 0 else names[::-1]  # which variant starts on which CPU alternates too
             time.sleep(setup.settle)
-            if recording:
-                state0, wcpu0 = groups[other].foreach_env_runner(recorder_state, local_env_runner=False), \
-                    writers_cpu(groups[other])
-            block_start = time.perf_counter()
-            parts = sample_together(setup.seconds, order)
-            # each runner's own rate: a runner finishing its last sample() after the others have stopped runs
-            # faster then, and that must not count for the others
-            rate = {v: sum(p["steps"] / p["elapsed"] for p in parts[v]) for v in names}
-            cps = {v: sum(p["cpu"] for p in parts[v]) / sum(p["steps"] for p in parts[v]) for v in names}
+            charge = WriterCharge(pair.groups[other]) if recording else None
+            parts = pair.sample(setup.seconds, order)
+            rate, cps = _rates(parts)
             ratio = rate[other] / rate["none"]
             out["none_rate"].append(rate["none"])
             out["ratio"].append(ratio)
@@ -244,27 +302,65 @@ def _timed_build(setup: RowSetup, rep_indices: list[int], outs: dict[str, str], 
                     f"CPU per step ratio {out['cpu_ratio'][-1]:.3f}")
             if setup.verbose:
                 line += "".join(f"\n    {v}: {process_counters(parts[v])}" for v in names)
-            if recording:
-                out["drain_s"].append(max(groups[other].foreach_env_runner(drain, local_env_runner=False)))
-                writer_s = writers_cpu_since(groups[other], wcpu0)
-                block_s = time.perf_counter() - block_start
-                floor = idle_writer_cpu(groups[other])
-                steps = sum(p["steps"] for p in parts[other])
-                work_ps = max(0.0, writer_s - floor * block_s) / steps
-                alone = (work_ps / (cps[other] + work_ps) + floor / CPUS) if runners >= CPUS else 0.0
-                out["charged"].append(ratio * (1 - alone))
-                out["writer_alone"].append(alone)
-                out["floor"].append(floor / CPUS)
-                state1 = groups[other].foreach_env_runner(recorder_state, local_env_runner=False)
-                samples = sum(a["samples"] - b["samples"] for a, b in zip(state1, state0))
-                out["wait_ms"].append(1000 * sum(a["wait_s"] - b["wait_s"] for a, b in zip(state1, state0))
-                                      / max(1, samples))
-                line += (f"; writers charged {100 * alone:.2f}% (floor {100 * floor / CPUS:.2f}%): "
-                         f"{out['charged'][-1]:.3f}; drain {out['drain_s'][-1]:.2f} s")
+            if charge is not None:
+                line += charge.finish(setup, sum(p["steps"] for p in parts[other]), cps[other], ratio, out)
             print(line, flush=True)
     finally:
-        for algo in algos.values():
-            algo.stop()
+        pair.stop()
+
+
+def _crossover_build(setup: RowSetup, rep_indices: list[int], outs: dict[str, str], sampled: dict[str, int],
+                     out: dict[str, list[float]]) -> None:
+    """``--crossover``: two algorithms A and B, both with the toggled recorder, time each repetition as two
+    blocks: A recording and B not, then B recording and A not (the order alternating between repetitions).
+    Block 1's ratio is c * a / b * p and block 2's c * b / a / p, where a and b are what each set of processes is
+    faster or slower by for its whole life and p what the first of the two places in ``Rotation`` is (A has it in
+    both blocks; with one runner each, it was 2% slower in five blocks of six); their geometric mean is the
+    recorder's ratio c without them.
+    With ``--vs control`` neither ever records: the mean shows what is left of a / b."""
+    recording = setup.other.startswith("recorder")
+    pair = Together(setup, {v: build(setup.env, setup.runners, setup.mode, TOGGLED, outs[v]) for v in "AB"},
+                    sampled, ("A", "B"))
+    try:
+        pair.warm_up()
+        for v, group in pair.groups.items():
+            group.foreach_env_runner(lambda r: switch_recording(r, False), local_env_runner=False)
+            pair.counting[v] = False
+        for rep in rep_indices:
+            ratios, cpu_ratios, none_rates, block_out = [], [], [], defaultdict(list)
+            line = f"  rep {rep}:"
+            for on, off in (("A", "B"), ("B", "A")) if rep % 2 == 0 else (("B", "A"), ("A", "B")):
+                if recording:
+                    pair.groups[on].foreach_env_runner(lambda r: switch_recording(r, True), local_env_runner=False)
+                    pair.counting[on] = True
+                time.sleep(setup.settle)
+                charge = WriterCharge(pair.groups[on]) if recording else None
+                parts = pair.sample(setup.seconds, ("A", "B"))  # places fixed: a first place's own bias cancels too
+                rate, cps = _rates(parts)
+                ratios.append(rate[on] / rate[off])
+                cpu_ratios.append(cps[off] / cps[on])
+                none_rates.append(rate[off])
+                line += f" {on} on {rate[on]:.0f}, {off} off {rate[off]:.0f} steps/s ({ratios[-1]:.3f});"
+                if charge is not None:
+                    charge.finish(setup, sum(p["steps"] for p in parts[on]), cps[on], ratios[-1], block_out)
+                    pair.groups[on].foreach_env_runner(lambda r: switch_recording(r, False), local_env_runner=False)
+                    pair.counting[on] = False
+            ratio = statistics.geometric_mean(ratios)
+            out["none_rate"].append(statistics.fmean(none_rates))
+            out["ratio"].append(ratio)
+            out["cpu_ratio"].append(statistics.geometric_mean(cpu_ratios))
+            line += f" crossover ratio {ratio:.3f}; CPU per step ratio {out['cpu_ratio'][-1]:.3f}"
+            if recording:  # the two blocks' writer charges, as one
+                alone = statistics.fmean(block_out["writer_alone"])
+                out["charged"].append(ratio * (1 - alone))
+                out["writer_alone"].append(alone)
+                out["floor"].append(statistics.fmean(block_out["floor"]))
+                out["wait_ms"].append(statistics.fmean(block_out["wait_ms"]))
+                out["drain_s"].append(max(block_out["drain_s"]))
+                line += f"; writers charged {100 * alone:.2f}%: {out['charged'][-1]:.3f}"
+            print(line, flush=True)
+    finally:
+        pair.stop()
 
 
 def target(mode: str) -> float:
@@ -279,8 +375,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        head = (f"| {r['env']} | {r['runners']} | {r['mode']} | {r['reps']} x {r['seconds']:.0f}"
-                f"{', fresh' if r.get('fresh') else ''} "
+        head = (f"| {r['env']} | {r['runners']} | {r['mode']} | {r['reps']} x "
+                f"{'2 x ' if r.get('crossover') else ''}{r['seconds']:.0f}"
+                f"{', fresh' if r.get('fresh') else ''}{', crossover' if r.get('crossover') else ''} "
                 f"| {benchdoc.cell(r['none_rate'], '{:.0f}')} | {r['other']} ")
         if not r["other"].startswith("recorder"):  # A/A control, or RLlib's recorder (its bytes per step)
             disk = f"{r['bytes_per_step']:.0f}" if "bytes_per_step" in r else "-"
@@ -330,6 +427,9 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="write the table into docs/BENCHMARKS.md")
     parser.add_argument("--fresh", action="store_true",
                         help="new algorithms (new env runner and writer processes) for every repetition")
+    parser.add_argument("--crossover", action="store_true",
+                        help="two sets of processes take turns at recording in each repetition (two blocks), so "
+                             "that what one set is faster or slower by for its whole life cancels out")
     parser.add_argument("--verbose", action="store_true",
                         help="print each variant's page faults, kernel CPU and context switches per 1000 steps")
     args = parser.parse_args()
@@ -346,7 +446,7 @@ def main() -> None:
             print(f"{env}, {runners} runners, {mode}: {args.reps} x {seconds:.0f} s", flush=True)
             other = f"recorder:{args.settings}" if args.vs == "recorder" and args.settings else args.vs
             setup = RowSetup(env, runners, mode, seconds, other, args.tick, verbose=args.verbose)
-            rows.append(bench_row(setup, args.reps, work, fresh=args.fresh))
+            rows.append(bench_row(setup, args.reps, work, fresh=args.fresh, crossover=args.crossover))
     finally:
         ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)
