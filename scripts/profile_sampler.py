@@ -25,7 +25,7 @@ from bench_overhead import FRAGMENT, env_name  # noqa: E402
 RECORDER_ENTRY_POINTS = ("on_sample_end", "on_episode_start")
 
 
-def build(env: str, mode: str, record: bool, out: str):
+def build(env: str, mode: str, record: bool, out: str, **settings):
     from ray.rllib.algorithms.ppo import PPOConfig
 
     from rllib_recorder import RecorderCallback
@@ -36,7 +36,7 @@ def build(env: str, mode: str, record: bool, out: str):
         .training(train_batch_size=FRAGMENT[env], minibatch_size=FRAGMENT[env], num_epochs=1)
     )
     if record:
-        config = config.callbacks(RecorderCallback.configured(output_dir=out))
+        config = config.callbacks(RecorderCallback.configured(output_dir=out, **settings))
     return config.build_algo()
 
 
