@@ -236,6 +236,12 @@ class Together:
                 self.sampled[v] += sum(x["steps"] for x in p)
         return parts
 
+    def record(self, v: str, on: bool) -> None:
+        """Switches variant ``v``'s toggled recorder on or off in all its env runners (``switch_recording``);
+        only what it samples while on is counted, as only that is stored."""
+        self.groups[v].foreach_env_runner(lambda r: switch_recording(r, on), local_env_runner=False)
+        self.counting[v] = on
+
     def stop(self) -> None:
         for algo in self.algos.values():
             algo.stop()
@@ -323,16 +329,14 @@ def _crossover_build(setup: RowSetup, rep_indices: list[int], outs: dict[str, st
                     sampled, ("A", "B"))
     try:
         pair.warm_up()
-        for v, group in pair.groups.items():
-            group.foreach_env_runner(lambda r: switch_recording(r, False), local_env_runner=False)
-            pair.counting[v] = False
+        for v in pair.groups:
+            pair.record(v, False)
         for rep in rep_indices:
             ratios, cpu_ratios, none_rates, block_out = [], [], [], defaultdict(list)
             line = f"  rep {rep}:"
             for on, off in (("A", "B"), ("B", "A")) if rep % 2 == 0 else (("B", "A"), ("A", "B")):
                 if recording:
-                    pair.groups[on].foreach_env_runner(lambda r: switch_recording(r, True), local_env_runner=False)
-                    pair.counting[on] = True
+                    pair.record(on, True)
                 time.sleep(setup.settle)
                 charge = WriterCharge(pair.groups[on]) if recording else None
                 parts = pair.sample(setup.seconds, ("A", "B"))  # places fixed: a first place's own bias cancels too
@@ -343,8 +347,7 @@ def _crossover_build(setup: RowSetup, rep_indices: list[int], outs: dict[str, st
                 line += f" {on} on {rate[on]:.0f}, {off} off {rate[off]:.0f} steps/s ({ratios[-1]:.3f});"
                 if charge is not None:
                     charge.finish(setup, sum(p["steps"] for p in parts[on]), cps[on], ratios[-1], block_out)
-                    pair.groups[on].foreach_env_runner(lambda r: switch_recording(r, False), local_env_runner=False)
-                    pair.counting[on] = False
+                    pair.record(on, False)
             ratio = statistics.geometric_mean(ratios)
             out["none_rate"].append(statistics.fmean(none_rates))
             out["ratio"].append(ratio)

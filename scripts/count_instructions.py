@@ -130,7 +130,7 @@ def count(env: str, mode: str, settings: str, args: argparse.Namespace) -> dict[
     return blocks
 
 
-def table(rows: list[tuple[str, str, str, dict[int, dict[str, Any]]]], samples: int) -> str:
+def table(rows: list[tuple[str, str, str, dict[int, dict[str, Any]]]]) -> str:
     lines = ["| env | batch mode | recorder settings | env steps per block | none: instructions per step "
              "| recorder: instructions per step | recorder / none | first half, second half |",
              "|---|---|---|---|---|---|---|---|"]
@@ -182,12 +182,13 @@ def main() -> None:
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
         counted = list(pool.map(lambda spec: count(*spec, args), specs))
     rows = [(*spec, blocks) for spec, blocks in zip(specs, counted)]
-    print(table(rows, args.samples))
+    text = table(rows)
+    print(text)
     if args.write:
         note = NOTE.format(samples=args.samples, warmup=args.warmup,
                            send_every=", ".join(f"{k} {v}" for k, v in SEND_EVERY.items()))
-        benchdoc.write_section("Instructions per env step (scripts/count_instructions.py)",
-                               table(rows, args.samples) + note)
+        benchdoc.write_section("Instructions per env step (scripts/count_instructions.py)", text + note)
+
 
 if __name__ == "__main__":
     main()
