@@ -178,6 +178,10 @@ def main() -> None:
     if args.inner:
         inner(args)
         return
+    missing = [tool for tool in ("valgrind", "gcc") if shutil.which(tool) is None]
+    if missing:
+        raise SystemExit(f"count_instructions: {' and '.join(missing)} not found; install them "
+                         "(Debian: apt-get install valgrind gcc)")
     specs = [(env, mode, settings) for env in args.env for mode in args.modes for settings in args.settings]
     with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
         counted = list(pool.map(lambda spec: count(*spec, args), specs))
