@@ -50,13 +50,15 @@ class RecorderCallback(RLlibCallback):
     * ``on_episode_start`` (each env runner, new API stack, single agent): captures the
       sub-env's start state (``envstate.capture``) into ``episode.custom_data``; it is
       stored with the episode's first fragment so ``replay --check`` can re-simulate.
-    * ``on_sample_end`` (each env runner): converts the sampled episodes or batch
-      to columns and hands them to the runner's outbox, which sends them
-      asynchronously; it waits only when ``max_in_flight`` chunks are
-      unacknowledged. Any exception is caught, logged once with its cause and
-      counted: the env runner never crashes because of the recorder.
+    * ``on_sample_end`` (each env runner): counts the sampled steps, converts the
+      episodes or batch to columns and writes them into the runner's spool, a
+      node-local file its writer reads (``outbox``, ``spoolfile``): when ``sample()``
+      returns, what it sampled has left the runner's process, and a kill of the
+      runner can't take it. It waits only when the spool's backlog is full
+      (``max_backlog_bytes``). Any exception is caught, logged once with its cause
+      and counted: the env runner never crashes because of the recorder.
     * ``on_train_result`` (algorithm process): adds ``result["recorder"]`` (steps and
-      bytes stored, chunks in flight, sampler wait, drops, errors, policy lag, the
+      bytes stored, steps not yet committed, sampler wait, drops, errors, policy lag, the
       produced/stored/consumed rates) and updates the Tune experiment's index; with
       ``fail_on_error=True`` it raises there once any error was counted.
     * ``on_env_runners_recreated``: connects the recreated runners, to writers on

@@ -24,16 +24,18 @@ class RecorderConfig:
             (the trial name under Tune).
         num_writers: Writer actors in the pool; env runner k writes through
             writer ``k % num_writers``.
-        max_in_flight: Window: chunks an env runner may have sent but not yet had
-            acknowledged. When full, ``backpressure`` decides.
-        backpressure: ``"block"`` (lossless: the sampler waits for an
-            acknowledgement) or ``"drop"`` (the new chunk is dropped and counted).
-        coalesce_rows: Samples are held in the env runner until this many rows
-            are pending, so that small batches do not cost one actor call each.
-            ``0`` sends every sample at once.
-        coalesce_s: Held rows are sent at the latest after this many seconds.
-        coalesce_bytes: ... or once the held arrays reach this many bytes (images; as held, e.g. an
-            Atari sample's uint8 newest frames, not the float32 stacks they stand for).
+        max_backlog_bytes: Bound on each env runner's spool: bytes handed over that its writer
+            has not committed yet. When full, ``backpressure`` decides.
+        backpressure: ``"block"`` (the sampler waits for the writer, the time counted, at most
+            ``drain_timeout_s``, and not at all once the writer's heartbeat has stopped: such a
+            sample is dropped and counted) or ``"drop"`` (the new sample is dropped and counted).
+        coalesce_rows: The writer commits an env runner's samples together once this many rows
+            are waiting, so that small samples do not cost one HDF5 append each. ``0`` commits
+            every sample on its own. (Every sample leaves the env runner at once, whatever this is.)
+        coalesce_s: ... and at the latest this many seconds after the oldest waiting sample
+            was sampled, whether or not another sample follows.
+        coalesce_bytes: ... or once the waiting arrays reach this many bytes (images; as handed over,
+            e.g. an Atari sample's uint8 newest frames, not the float32 stacks they stand for).
         compression: HDF5 filter for step columns: ``gzip``, ``lzf`` or ``none`` (a column
             whose first rows compress less than 1.25x is stored unfiltered).
         compression_level: gzip level, 0-9.
@@ -60,17 +62,17 @@ class RecorderConfig:
             control and ALE envs) so ``replay --check`` can re-simulate it.
         fail_on_error: Raise (and stop training) at the next train result when
             any recorder error happened; by default errors are only counted.
-        fsync: ``os.fsync`` each file before acknowledging (survives an OS crash,
-            not only a process kill; slower).
-        drain_timeout_s: How long stopping the algorithm waits for writers to
-            acknowledge the last chunks.
+        fsync: ``os.fsync`` each file after each commit (survives an OS crash, not only a
+            process kill; slower).
+        drain_timeout_s: How long stopping the algorithm waits for env runners and writers to
+            close, and the longest a blocked sampler waits.
         writer_max_restarts: Ray restarts of a crashed writer actor (-1: unlimited).
     """
 
     output_dir: str = "recordings"
     run_name: str | None = None
     num_writers: int = 1
-    max_in_flight: int = 4
+    max_backlog_bytes: int = 256 << 20
     backpressure: str = "block"
     coalesce_rows: int = 4096
     coalesce_s: float = 2.0
@@ -92,7 +94,7 @@ class RecorderConfig:
     def __post_init__(self) -> None:
         _check_type(self)
         _check_int(self, "num_writers", 1, "use at least one writer actor")
-        _check_int(self, "max_in_flight", 1, "the window must allow one chunk in flight")
+        _check_int(self, "max_backlog_bytes", 1 << 20, "allow at least 1 MiB (1048576) of spool per env runner")
         _check_int(self, "coalesce_rows", 0, "use 0 to send every sample at once")
         _check_int(self, "coalesce_bytes", 0, "use 0 to ignore the size of held samples")
         _check_int(self, "compression_level", 0, "gzip levels are 0-9", high=9)

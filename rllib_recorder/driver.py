@@ -17,6 +17,7 @@ from typing import Any
 
 import ray
 
+from rllib_recorder import lifecycle
 from rllib_recorder.config import RecorderConfig
 from rllib_recorder.learner import hook_learners
 from rllib_recorder.errors import OutputDirError, RecorderError
@@ -28,10 +29,11 @@ from rllib_recorder.staleness import PERCENTILES, interval_rates, lag_summary
 
 logger = logging.getLogger(__name__)
 
-_RUNNER_SUMS = ("chunks_sent", "chunks_acked", "chunks_in_flight", "chunks_dropped", "rows_dropped",
-                "chunks_failed", "rows_failed", "wait_s", "resends", "send_errors", "errors", "samples")
+_RUNNER_SUMS = ("samples", "chunks_written", "env_steps_sampled", "env_steps_written", "chunks_dropped",
+                "env_steps_dropped", "rows_dropped", "chunks_failed", "env_steps_failed", "rows_failed", "wait_s",
+                "errors", "backlog_bytes")
 _WRITER_SUMS = ("env_steps", "agent_steps", "chunks", "raw_bytes", "disk_bytes", "write_s",
-                "duplicate_chunks", "errors", "cpu_s")
+                "duplicate_chunks", "errors", "cpu_s", "steps_uncommitted", "bytes_uncommitted")
 
 
 def resolve_run_dir(output_dir: str, config: RecorderConfig, algorithm: Any) -> str:
@@ -83,11 +85,14 @@ class RunRecorder:
         if config_is_new_stack(algorithm):
             self.learner_version = 0  # RLlib's learners start at weights_seq_no 0
         self._writers_added()
-        for group, _ in self._groups(algorithm):
+        # held here too: the driver may end (atexit, SIGTERM) after the algorithm object is gone
+        self._held_groups = self._groups(algorithm)
+        for group, _ in self._held_groups:
             self.bind(group)
         # After binding: every node with runners has its writers, and the learners report to all of them.
         self.learners_reporting = self._hook_learners(algorithm)
         self._install_stop_hook(algorithm)
+        lifecycle.register(self)  # closed however the driver ends, also without algo.stop()
         logger.info("rllib_recorder: recording into %s", self.run_dir)
 
     def bind(self, group: Any, indices: list[int] | None = None) -> None:
@@ -120,6 +125,7 @@ class RunRecorder:
         return Binding(
             run_id=self.run_id, run_dir=self.run_dir, namespace=ray.get_runtime_context().namespace,
             num_writers=self.config.num_writers, config=self.config, node_writers=self.pool.node_writers(),
+            node_tags=self.pool.node_tags(),
         )
 
     def on_train_result(self, result: dict[str, Any]) -> None:
@@ -164,10 +170,12 @@ class RunRecorder:
             "disk_bytes": writers["disk_bytes"], "writer_busy_s": writers["write_s"],
             "writer_cpu_s": round(writers["cpu_s"], 3),
             "duplicate_chunks": writers["duplicate_chunks"],
-            "chunks_in_flight": runners["chunks_in_flight"], "sampler_wait_s": runners["wait_s"],
+            "steps_uncommitted": writers["steps_uncommitted"], "spool_backlog_bytes": runners["backlog_bytes"],
+            "sampler_wait_s": runners["wait_s"],
             "sampler_max_wait_s": max_wait, "chunks_dropped": runners["chunks_dropped"],
+            "env_steps_dropped": runners["env_steps_dropped"],
             "rows_dropped": runners["rows_dropped"], "chunks_failed": runners["chunks_failed"],
-            "rows_failed": runners["rows_failed"], "resends": runners["resends"],
+            "rows_failed": runners["rows_failed"], "env_steps_failed": runners["env_steps_failed"],
             "errors": writers["errors"] + runners["errors"] + runners["chunks_failed"] + sum(self.errors.values()),
             "learner_version": self.learner_version,
             "last_error": last_error, "runner_restarts_seen": restarts,
@@ -182,28 +190,68 @@ class RunRecorder:
         out.update({k: v for k, v in self._lifetime.items() if k not in out})
         return out
 
-    def close(self, algorithm: Any) -> dict[str, Any]:
-        """Drains every env runner, closes every file, finishes the manifest (idempotent)."""
+    def close(self, algorithm: Any = None, ended_by: str | None = None, interrupted: bool = False) -> dict[str, Any]:
+        """Drains every env runner, closes every file, finishes the manifest (idempotent).
+
+        ``ended_by`` says what ended the run (default: the algorithm's stop); ``interrupted`` marks an end by an
+        exception, KeyboardInterrupt or SIGTERM (status ``interrupted``; the data is as complete as on a stop).
+        """
         if self.closed:
             return self.manifest.get("totals", {})
         self.closed = True
+        lifecycle.unregister(self)
+        ended_by = ended_by or ("Tune stopped the trial" if self.manifest.get("trial") else "algo.stop()")
+        groups = self._groups(algorithm) if algorithm is not None else self._held_groups
+        ray_up = ray.is_initialized()
         drains = []
-        for group, is_evaluation in self._groups(algorithm):
+        for group, is_evaluation in groups if ray_up else []:
             drains += self._drain(group, is_evaluation)
-        writer_stats = self.pool.close(self.config.drain_timeout_s)
+        writer_stats = self.pool.close(self.config.drain_timeout_s) if ray_up else []
+        leftovers = {k: v for s in writer_stats for k, v in (s.get("spool_leftovers") or {}).items()}
+        local = self._commit_left_spools()
+        if local is not None:  # what the writers could not commit, committed here (or still left)
+            writer_stats += local
+            here = {k.split("/")[0] for s in local for k in s.get("spool_leftovers") or {}}
+            leftovers = {k: v for k, v in leftovers.items() if k.split("/")[0] not in here}
+            leftovers.update({k: v for s in local for k, v in (s.get("spool_leftovers") or {}).items()})
         totals = self.metrics(writer_stats)
-        totals["unacked_at_stop"] = sum(d.get("unacked", 0) for d in drains)
+        totals["unacked_at_stop"] = len(leftovers)  # senders whose handed-over samples could not be committed
+        totals["spool_leftovers"] = leftovers
+        totals["senders"] = {k: v for s in writer_stats for k, v in (s.get("runners") or {}).items()}
         self.manifest.update(
-            status="finished", finished_at=now_iso(), totals=totals,
-            files=self.pool.placement(), writer_nodes=self.pool.writer_nodes(),
+            status="interrupted" if interrupted else "finished", ended_by=ended_by, finished_at=now_iso(),
+            totals=totals, files=self.pool.placement(), writer_nodes=self.pool.writer_nodes(),
             nodes=sorted({s.get("node") for s in writer_stats if s.get("node")}),
         )
         write_manifest(self.run_dir, self.manifest)
         self._update_index()
-        if totals["unacked_at_stop"]:
-            logger.error("rllib_recorder: %d chunk(s) were not acknowledged before stop",
-                         totals["unacked_at_stop"])
+        if leftovers:
+            logger.error("rllib_recorder: samples of %d env runner(s) stay in the spool, not committed (%s); "
+                         "'rllib-recorder recover %s' commits them once the cause is fixed", len(leftovers),
+                         next(iter(leftovers.values())), self.run_dir)
+        logger.info("rllib_recorder: recording %s %s (%s)", self.run_dir, self.manifest["status"], ended_by)
         return totals
+
+    def close_unstopped(self, ended_by: str, interrupted: bool) -> dict[str, Any]:
+        """Closes a recording whose algorithm was never stopped (``lifecycle``: exit, signal, ray.shutdown)."""
+        logger.warning("rllib_recorder: %s; closing the recording %s", ended_by, self.run_dir)
+        return self.close(self._algorithm(), ended_by=ended_by, interrupted=interrupted)
+
+    def _commit_left_spools(self) -> list[dict[str, Any]] | None:
+        """Commits here what is still in this node's spools after the writers closed (writers that died, or Ray
+        shut down first); None if nothing was left."""
+        from rllib_recorder.recover import commit_spools
+        from rllib_recorder.spoolfile import sender_dirs
+
+        if next(sender_dirs(self.run_dir), None) is None:
+            return None
+        try:
+            return commit_spools(self.run_dir, self.run_id, self.config)
+        except Exception as e:  # noqa: BLE001 - the spool stays; recover commits it
+            self.errors["spool_commit"] += 1
+            logger.error("rllib_recorder: committing the spools left in %s failed (%s: %s); run "
+                         "'rllib-recorder recover %s'", self.run_dir, type(e).__name__, e, self.run_dir)
+            return None
 
     def _drain(self, group: Any, is_evaluation: bool) -> list[dict[str, Any]]:
         timeout = self.config.drain_timeout_s
@@ -253,7 +301,7 @@ class RunRecorder:
             "trial_name": tune_trial(tune_names(algorithm)[1])[0], "trial_id": tune_trial(tune_names(algorithm)[1])[1],
             "experiment": tune_names(algorithm)[0],
             "spaces": _spaces(algorithm), "recorder": self.config.to_dict(),
-            "driver_host": socket.gethostname(),
+            "driver_host": socket.gethostname(), "driver_pid": os.getpid(),
         }
 
     def _rates(self, stored: int, result: dict[str, Any]) -> dict[str, Any]:

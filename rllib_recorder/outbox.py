@@ -1,258 +1,200 @@
-"""Flow control in the env runner: sequence numbers, coalescing, the in-flight window, acks, re-sends."""
+"""Flow control in the env runner: every sample into the spool before ``sample()`` returns, a bounded backlog.
+
+The outbox no longer holds samples: each ``on_sample_end`` payload is numbered and written to the runner's spool
+(``spoolfile``), where a kill of the runner can't take it, and the writer on the same node coalesces and commits
+it. What stays is the balance of production and consumption: the spool's backlog (bytes the writer has not
+committed and deleted yet) is bounded by ``max_backlog_bytes``; past it ``block`` waits for the writer (time
+counted, at most ``max_wait_s``, and not at all once the writer's heartbeat has stopped) and ``drop`` drops the
+sample. Every step is counted as sampled, written, dropped (with its cause) or failed.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import time
-import uuid
-from collections import OrderedDict
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
-import numpy as np
-
-from rllib_recorder.convert import Chunk, encode_images, merge_chunks
+from rllib_recorder.convert import Chunk, encode_images
+from rllib_recorder.errors import ConversionError
+from rllib_recorder.spoolfile import KIND_CHUNK, KIND_END, KIND_STATS, SegmentWriter, encode_record
 
 logger = logging.getLogger(__name__)
 
-
-class Transport(Protocol):
-    """How an outbox reaches its writer (Ray in production, a fake in tests)."""
-
-    def send(self, sender_id: bytes, seq: int, chunk: Chunk, stats: dict[str, Any]) -> Any:
-        """Starts storing ``chunk``; returns a handle that completes with the ack."""
-
-    def wait(self, handles: list[Any], timeout_s: float) -> list[Any]:
-        """Returns the handles that have completed (at least one unless timed out)."""
-
-    def result(self, handle: Any) -> dict[str, Any]:
-        """The ack of a completed handle; raises if storing failed."""
-
-    def retryable(self, error: Exception) -> bool:
-        """True if the writer may store the chunk when it is sent again (e.g. it restarted)."""
-
-
-@dataclass
-class _InFlight:
-    seq: int
-    chunk: Chunk
-    handle: Any
-    attempts: int = 1
-    retry_at_s: float | None = None
+# A writer whose heartbeat is older than this is not consuming: a blocked sampler stops waiting for it.
+WRITER_STALE_S = 30.0
+BACKLOG_POLL_S = 0.02
 
 
 @dataclass
 class OutboxStats:
-    """Counters of one env runner's outbox (reported to the writers and in train results)."""
+    """Counters of one env-runner process incarnation (a sender); cumulative, carried by every record."""
 
     samples: int = 0
-    chunks_sent: int = 0
-    chunks_acked: int = 0
-    rows_acked: int = 0
+    chunks_written: int = 0
+    env_steps_written: int = 0
+    rows_written: int = 0
     chunks_dropped: int = 0
+    env_steps_dropped: int = 0
     rows_dropped: int = 0
-    resends: int = 0
-    send_errors: int = 0
     chunks_failed: int = 0
+    env_steps_failed: int = 0
     rows_failed: int = 0
     wait_s: float = 0.0
     max_wait_s: float = 0.0
-    chunks_in_flight: int = 0
-    rows_pending: int = 0
+    backlog_bytes: int = 0
     last_error: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    drop_causes: Counter = field(default_factory=Counter)  # cause -> env steps
 
     def as_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k != "extra"}
-        out.update(self.extra)
+        out = dict(self.__dict__)
+        out["drop_causes"] = dict(self.drop_causes)
         return out
 
 
 class Outbox:
-    """Numbers chunks, coalesces small ones, bounds what is unacknowledged, re-sends failures.
+    """Numbers each sample and writes it into this sender's spool; bounds the backlog; never holds a sample.
 
-    Lossless by default: when ``window`` chunks are unacknowledged, ``add`` waits for
-    one acknowledgement (at most ``max_wait_s``; the time is counted). With
-    ``policy="drop"`` the new chunk is dropped and counted instead. A chunk stays
-    here until its writer acknowledges it, so a writer that dies and restarts gets
-    it again (the writer skips what it already committed).
+    ``writer_heartbeat_s`` returns the age of the writer's heartbeat (None: not known yet); ``clock`` and
+    ``sleep`` are injected so that flow-control tests take milliseconds.
     """
 
     def __init__(
-        self, transport: Transport, *, window: int = 4, policy: str = "block",
-        coalesce_rows: int = 0, coalesce_s: float = 0.0, coalesce_bytes: int = 0, max_wait_s: float = 120.0,
+        self, segments: SegmentWriter, *, policy: str = "block", max_backlog_bytes: int = 256 << 20,
+        max_wait_s: float = 120.0, writer_heartbeat_s: Callable[[], float | None] = lambda: None,
         clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-        sender_id: bytes | None = None, encode: bool = False,
+        encode: bool = False, extra_stats: Callable[[], dict[str, Any]] = dict,
     ) -> None:
-        self.transport = transport
-        # send exact-uint8 float32 images as uint8 codes (convert.encode_images); a bound runner's conversion has
-        # encoded each episode already (those columns are skipped), this encodes what was converted before binding
-        self.encode = encode
-        self.window = window
+        self.segments = segments
         self.policy = policy
-        self.coalesce_rows = coalesce_rows
-        self.coalesce_s = coalesce_s
-        self.coalesce_bytes = coalesce_bytes
+        self.max_backlog_bytes = max_backlog_bytes
         self.max_wait_s = max_wait_s
+        self.writer_heartbeat_s = writer_heartbeat_s
         self.clock = clock
         self.sleep = sleep
-        self.sender_id = sender_id or uuid.uuid4().hex.encode()
+        self.sender_id = os.path.basename(segments.directory)  # the spool directory names the sender
+        # exact-uint8 float32 images are written as uint8 codes (a bound runner's conversion encoded them already)
+        self.encode = encode
+        self.extra_stats = extra_stats
         self.stats = OutboxStats()
-        self._next_seq = 0
-        self._pending: list[Chunk] = []
-        self._pending_bytes = 0
-        self._pending_since: float | None = None
-        self._pending_versions: tuple[int, ...] = ()
-        self._in_flight: OrderedDict[int, _InFlight] = OrderedDict()
+        self.closed = False
+        self._unknown_backlog = 0  # bytes written since the backlog was last looked up
 
     def add(self, chunk: Chunk) -> None:
-        """Queues one sample's chunk; sends once enough rows (or bytes, or time) have piled up.
-
-        Samples taken with other behaviour-policy versions than those held are never coalesced
-        with them: a stored chunk's learner version is looked up at its first sample's time, and
-        must hold for every step in it (see docs/FORMAT.md, "Policy lag").
-        """
+        """Writes one sample's chunk into the spool (after waiting for room if the backlog is full)."""
         self.stats.samples += 1
-        versions = _versions(chunk)
-        if self._pending and versions != self._pending_versions:
-            self.flush()
-        self._pending_versions = versions
-        if not self._pending:
-            self._pending_since = self.clock()
-        self._pending.append(chunk)
-        self.stats.rows_pending += chunk.agent_steps
-        self._pending_bytes += chunk.held_nbytes  # as held: an Atari sample's codes, not its float32 stacks
-        self.poll()
-        if (self.stats.rows_pending >= self.coalesce_rows
-                or (self.coalesce_bytes and self._pending_bytes >= self.coalesce_bytes)
-                or self.clock() - self._pending_since >= self.coalesce_s):
-            self.flush()
-
-    def flush(self) -> None:
-        """Sends what is pending as one chunk (waiting for window space if needed)."""
-        if not self._pending:
-            return
-        chunk = merge_chunks(self._pending)
         if self.encode:
             chunk = encode_images(chunk)
-        self._pending, self._pending_since, self._pending_bytes = [], None, 0
-        self.stats.rows_pending = 0
-        if len(self._in_flight) >= self.window and not self._make_room():
-            self.stats.chunks_dropped += 1
-            self.stats.rows_dropped += chunk.agent_steps
+        cause = self._make_room()
+        if cause is not None:
+            self._count_drop(chunk, cause)
             return
-        seq = self._next_seq
-        self._next_seq += 1
-        handle = self.transport.send(self.sender_id, seq, chunk, self.stats_dict())
-        self._in_flight[seq] = _InFlight(seq, chunk, handle)
-        self.stats.chunks_sent += 1
-        self.stats.chunks_in_flight = len(self._in_flight)
+        seq = self.stats.chunks_written
+        try:
+            size = self.segments.write(encode_record(KIND_CHUNK, seq, self._meta(chunk), chunk))
+        except (OSError, ConversionError) as e:  # a full disk, or a column the spool can't carry
+            self._count_failed(chunk, e)
+            return
+        self.stats.chunks_written += 1
+        self.stats.env_steps_written += chunk.env_steps
+        self.stats.rows_written += chunk.agent_steps
+        self._unknown_backlog += size
 
-    def poll(self, timeout_s: float = 0.0) -> int:
-        """Collects finished acknowledgements and re-sends failed chunks; returns acks taken."""
-        self._resend_due()
-        waiting = [f.handle for f in self._in_flight.values() if f.retry_at_s is None]
-        if not waiting:
-            if timeout_s > 0 and self._in_flight:  # all are backing off: sleep, don't spin
-                next_retry = min(f.retry_at_s for f in self._in_flight.values())
-                self.sleep(max(0.0, min(timeout_s, next_retry - self.clock())))
-            return 0
-        done = self.transport.wait(waiting, timeout_s)
-        acked = 0
-        by_handle = {f.handle: f for f in self._in_flight.values()}
-        for handle in done:
-            flight = by_handle[handle]
-            try:
-                ack = self.transport.result(handle)
-            except Exception as e:
-                if self.transport.retryable(e):  # the writer died: keep the chunk, retry later
-                    self._schedule_resend(flight, e)
-                else:  # the writer refused the chunk: re-sending cannot help
-                    self._fail(flight, e)
-                continue
-            del self._in_flight[flight.seq]
-            self.stats.chunks_acked += 1
-            self.stats.rows_acked += int(ack.get("rows", 0))
-            acked += 1
-        self.stats.chunks_in_flight = len(self._in_flight)
-        return acked
+    def report(self) -> None:
+        """Writes the counters alone (e.g. after an error), so that the writer and the driver see them."""
+        self._write_plain(KIND_STATS)
 
-    def drain(self, timeout_s: float) -> int:
-        """Sends everything pending and waits for every ack; returns chunks left unacknowledged."""
-        self.flush()
-        deadline = self.clock() + timeout_s
-        while self._in_flight and self.clock() < deadline:
-            self.poll(timeout_s=min(0.5, max(0.0, deadline - self.clock())))
-        return len(self._in_flight)
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._in_flight)
+    def close(self) -> dict[str, Any]:
+        """Writes the final counters and closes the spool; returns the counters."""
+        if not self.closed:
+            self._write_plain(KIND_END)
+            self.segments.close()
+            self.closed = True
+        return self.stats_dict()
 
     def stats_dict(self) -> dict[str, Any]:
-        return self.stats.as_dict()
+        return {**self.stats.as_dict(), **self.extra_stats(), "sender_id": self.sender_id}
 
-    def _make_room(self) -> bool:
-        """Lossless: wait for an ack. Drop policy: report no room at once."""
-        self.poll()
-        if len(self._in_flight) < self.window:
-            return True
+    def _meta(self, chunk: Chunk | None = None) -> dict[str, Any]:
+        stats = self.stats_dict()
+        if chunk is not None:  # this record's own steps count as written
+            for key, n in (("chunks_written", 1), ("env_steps_written", chunk.env_steps),
+                           ("rows_written", chunk.agent_steps)):
+                stats[key] += n
+        return {"sender": self.sender_id, "stats": stats}
+
+    def _write_plain(self, kind: int) -> None:
+        try:
+            self.segments.write(encode_record(kind, self.stats.chunks_written, self._meta()))
+        except OSError as e:  # the counters stay here, and reach the driver when it drains the runner
+            self.stats.last_error = _line(e)
+
+    def _make_room(self) -> str | None:
+        """None when the backlog has room (after waiting, with ``block``); else why the sample is dropped."""
+        if self.stats.backlog_bytes + self._unknown_backlog < self.max_backlog_bytes:
+            return None
+        if self._backlog() < self.max_backlog_bytes:
+            return None
         if self.policy == "drop":
-            return False
+            return "backpressure_drop"
         start = self.clock()
-        while len(self._in_flight) >= self.window:
+        while self._backlog() >= self.max_backlog_bytes:
             waited = self.clock() - start
-            if waited >= self.max_wait_s:
-                logger.error(
-                    "rllib_recorder: no writer acknowledgement for %.0f s; dropping a chunk "
-                    "(raise drain_timeout_s or check the writer actors)", waited,
-                )
-                self.stats.send_errors += 1
+            heartbeat = self.writer_heartbeat_s()
+            if heartbeat is not None and heartbeat > WRITER_STALE_S:
                 self._account_wait(waited)
-                return False
-            self.poll(timeout_s=min(0.5, self.max_wait_s - waited))
+                return "writer_not_consuming"
+            if waited >= self.max_wait_s:
+                self._account_wait(waited)
+                return "block_timeout"
+            self.sleep(BACKLOG_POLL_S)
         self._account_wait(self.clock() - start)
-        return True
+        return None
+
+    def _backlog(self) -> int:
+        self.stats.backlog_bytes = self.segments.backlog_bytes()
+        self._unknown_backlog = 0
+        return self.stats.backlog_bytes
 
     def _account_wait(self, waited: float) -> None:
         self.stats.wait_s += waited
         self.stats.max_wait_s = max(self.stats.max_wait_s, waited)
 
-    def _schedule_resend(self, flight: _InFlight, error: Exception) -> None:
-        backoff = min(5.0, 0.05 * 2 ** min(flight.attempts, 10))
-        flight.retry_at_s = self.clock() + backoff
-        self.stats.send_errors += 1
-        if flight.attempts == 1:
-            logger.warning(
-                "rllib_recorder: writer failed to store chunk %d (%s: %s); re-sending",
-                flight.seq, type(error).__name__, error,
-            )
+    def _count_drop(self, chunk: Chunk, cause: str) -> None:
+        self.stats.chunks_dropped += 1
+        self.stats.env_steps_dropped += chunk.env_steps
+        self.stats.rows_dropped += chunk.agent_steps
+        self.stats.drop_causes[cause] += chunk.env_steps
+        if self.stats.drop_causes[cause] == chunk.env_steps:
+            fix = {"backpressure_drop": "backpressure='drop' drops when the spool's backlog is full",
+                   "block_timeout": f"no room in the spool for {self.max_wait_s:.0f} s; raise drain_timeout_s "
+                                    "or max_backlog_bytes, or check the writer actors",
+                   "writer_not_consuming": "the writer's heartbeat stopped; check the writer actors"}[cause]
+            logger.error("rllib_recorder: dropping a sample (%s); further drops are only counted", fix)
 
-    def _fail(self, flight: _InFlight, error: Exception) -> None:
-        del self._in_flight[flight.seq]
+    def _count_failed(self, chunk: Chunk, error: Exception) -> None:
         self.stats.chunks_failed += 1
-        self.stats.rows_failed += flight.chunk.agent_steps
-        cause = getattr(error, "cause", None) or error  # a Ray task error wraps the writer's own
-        self.stats.last_error = f"{type(cause).__name__}: {(str(cause).splitlines() or [''])[0][:300]}"
+        self.stats.env_steps_failed += chunk.env_steps
+        self.stats.rows_failed += chunk.agent_steps
+        self.stats.last_error = _line(error)
         if self.stats.chunks_failed == 1:
-            logger.error(
-                "rllib_recorder: the writer refused chunk %d (%s); it is counted as failed, "
-                "recording goes on (further refusals are not logged)", flight.seq, error,
-            )
-
-    def _resend_due(self) -> None:
-        now = self.clock()
-        for flight in self._in_flight.values():
-            if flight.retry_at_s is not None and now >= flight.retry_at_s:
-                flight.handle = self.transport.send(self.sender_id, flight.seq, flight.chunk, self.stats_dict())
-                flight.retry_at_s = None
-                flight.attempts += 1
-                self.stats.resends += 1
+            logger.error("rllib_recorder: cannot write a sample into the spool (%s); it is counted as failed, "
+                         "recording goes on (further failures are not logged)", self.stats.last_error)
 
 
-def _versions(chunk: Chunk) -> tuple[int, ...]:
-    """The distinct behaviour-policy versions in ``chunk``, ascending."""
-    versions = chunk.policy_versions
-    if len(versions) and versions.min() == versions.max():  # the usual sample: one version, no sort needed
-        return (int(versions[0]),)
-    return tuple(np.unique(versions).tolist())
+def _line(error: Exception) -> str:
+    text = (str(error).splitlines() or [""])[0][:300]
+    if isinstance(error, OSError) and error.errno == 28:
+        return f"WriterError: disk full: cannot write the spool ({text}); free space on that file system or " \
+               "choose another output_dir"
+    return f"{type(error).__name__}: {text}"
+
+
+def heartbeat_age_s(path: str, now: Callable[[], float] = time.time) -> float | None:
+    """Seconds since the writer last touched its heartbeat file ``path`` (None if it has none yet)."""
+    try:
+        return max(0.0, now() - os.stat(path).st_mtime)
+    except OSError:
+        return None

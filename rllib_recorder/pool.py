@@ -1,15 +1,14 @@
-"""The writer pool: Ray actors around RecordingWriter, the runner-to-writer assignment, the transport."""
+"""The writer pool: Ray actors that read the spools and write the files, and the runner-to-writer assignment."""
 
 from __future__ import annotations
 
-import concurrent.futures
 import glob
 import logging
 import os
-import pickle
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -17,39 +16,17 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rllib_recorder import schema
 from rllib_recorder.config import RecorderConfig
 from rllib_recorder.convert import Chunk
+from rllib_recorder.ingest import Ingest
 from rllib_recorder.manifest import place_files
+from rllib_recorder.spoolfile import parse_stem
 from rllib_recorder.writer import RecordingWriter
 
 logger = logging.getLogger(__name__)
 
-# Ray inlines an actor-call argument of at most max_direct_call_object_size bytes (100 KiB by default) in the call
-# itself, and puts a bigger one in the object store, which also costs the raylet CPU (1.2-2 ms per call here, outside
-# the recorder's own processes). Pickled by us and cut into pieces under that limit, a CartPole chunk of 115-922 KiB
-# cost 0.34-0.72 of the CPU (caller, writer actor and raylet together) it costs through the object store, 55 KiB
-# 0.76-0.78 (Ray's serializer does more per array than one pickle), 1.8 MiB 0.78-0.90 (medians of two runs of
-# scripts/bench_transport.py; docs/BENCHMARKS.md). So chunks that pickle to at most INLINE_CHUNK_BYTES go in
-# pieces; bigger ones (Atari frames: megabytes per chunk) go through the object store as they are.
-INLINE_CHUNK_BYTES = 1 << 20
-_DIRECT_CALL_BYTES = int(os.environ.get("RAY_max_direct_call_object_size", 100 << 10))
-PIECE_BYTES = max(1 << 10, _DIRECT_CALL_BYTES - (4 << 10))  # room for Ray's own framing of each argument
-
-
-def chunk_pieces(chunk: Chunk, limit: int = INLINE_CHUNK_BYTES) -> list[memoryview] | None:
-    """``chunk`` pickled and cut into pieces Ray inlines in an actor call, or None if it pickles to more than
-    ``limit`` bytes (it then goes as it is, through the object store). ``RecordingWriter.append_pieces`` joins
-    them."""
-    if chunk.held_nbytes > limit:  # the arrays alone are too big: don't pickle to find out
-        return None
-    data = pickle.dumps(chunk, protocol=5)
-    if len(data) > limit:
-        return None
-    view = memoryview(data)
-    return [view[i:i + PIECE_BYTES] for i in range(0, len(data), PIECE_BYTES)]
-
-
-def writer_name(run_id: str, index: int, node_index: int = 0) -> str:
-    """The Ray actor name of writer ``index`` on node ``node_index`` (0: the driver's node) of run ``run_id``."""
-    return f"rllib_recorder:{run_id}:node-{node_index}:writer-{index}"
+def writer_name(run_id: str, index: int, node_index: int = 0, attempt: int = 0) -> str:
+    """The Ray actor name of writer ``index`` on node ``node_index`` (0: the driver's node) of run ``run_id``
+    (attempt ``attempt`` of it: a Tune trial restarted or restored records on into the same run)."""
+    return f"rllib_recorder:{run_id}:{attempt}:node-{node_index}:writer-{index}"
 
 
 def current_node_id() -> str:
@@ -86,7 +63,7 @@ def storage_options(config: RecorderConfig) -> schema.StorageOptions:
 
 @dataclass(frozen=True)
 class Binding:
-    """What an env runner needs to reach its run's writers (sent to it by the driver)."""
+    """What an env runner needs to hand its samples to its run's writers (sent to it by the driver)."""
 
     run_id: str
     run_dir: str
@@ -95,19 +72,16 @@ class Binding:
     config: RecorderConfig
     # node id -> names of the writers on that node; the first entry is the driver's node
     node_writers: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # node id -> the tag in the names of the files written there ('' on the driver's node)
+    node_tags: dict[str, str] = field(default_factory=dict)
 
-    def writer_for(self, node_id: str, worker_index: int, is_evaluation: bool) -> str:
-        """The writer of env runner ``worker_index`` running on ``node_id``: one on its own node.
-
-        A node without writers (a runner that moved after the driver last looked) falls back
-        to the driver's node: the data then crosses the network, but none is lost.
-        """
-        names = self.node_writers.get(node_id)
-        if not names:
-            logger.warning("rllib_recorder: no writer on node %s yet; env runner %d writes through the "
-                           "driver's node", node_id, worker_index)
-            names = next(iter(self.node_writers.values()))
-        return names[assign_writer(worker_index, is_evaluation, len(names))]
+    def stem_for(self, node_id: str, worker_index: int, is_evaluation: bool) -> str | None:
+        """The spool stem (file name without ``.h5``) of env runner ``worker_index`` on ``node_id``; None while
+        that node has no writers yet (the driver starts them before it binds the runner)."""
+        tag = self.node_tags.get(node_id)
+        if tag is None:
+            return None
+        return schema.file_name(worker_index, is_evaluation, tag)[: -len(".h5")]
 
 
 class WriterPool:
@@ -120,8 +94,10 @@ class WriterPool:
     whole-CPU reservation would deadlock the run.
     """
 
-    def __init__(self, run_id: str, run_dir: str, config: RecorderConfig, driver_node_id: str) -> None:
+    def __init__(self, run_id: str, run_dir: str, config: RecorderConfig, driver_node_id: str,
+                 attempt: int = 0) -> None:
         self.run_id = run_id
+        self.attempt = attempt
         self.run_dir = run_dir
         self.config = config
         self.node_index: dict[str, int] = {}
@@ -138,13 +114,13 @@ class WriterPool:
         if not new:
             return False
         alive = alive_nodes()
-        actor_cls = ray.remote(RecordingWriter)
+        actor_cls = ray.remote(SpoolWriter)
         for node_id in new:
             index = len(self.node_index)
             self.node_index[node_id] = index
             self.node_info[node_id] = {**alive.get(node_id, {"node_id": node_id}), "node_index": index}
             for i in range(self.config.num_writers):
-                name = writer_name(self.run_id, i, index)
+                name = writer_name(self.run_id, i, index, self.attempt)
                 self.names.append(name)
                 self.actor_nodes.append(node_id)
                 self.actors.append(actor_cls.options(
@@ -152,8 +128,12 @@ class WriterPool:
                     max_task_retries=0, max_concurrency=1,
                     # soft only for a node already gone: its runners are gone too
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=node_id not in alive),
-                ).remote(self.run_dir, self.run_id, storage_options(self.config), schema.node_tag(index)))
+                ).remote(self.run_dir, self.run_id, self.config, schema.node_tag(index), i))
         return True
+
+    def node_tags(self) -> dict[str, str]:
+        """node id -> the tag of the files written on that node."""
+        return {node_id: schema.node_tag(index) for node_id, index in self.node_index.items()}
 
     def node_writers(self) -> dict[str, tuple[str, ...]]:
         """node id -> writer names on it, the driver's node first."""
@@ -211,46 +191,106 @@ class WriterPool:
         return out
 
 
-class RayTransport:
-    """The outbox's way to a writer actor: an async actor call per chunk.
+def tick_s(coalesce_s: float) -> float:
+    """How often a writer reads its spools: often enough to commit within ``coalesce_s``, at most 10 times a second
+    (an idle writer's reads of its spools then cost ~0.05% of a CPU)."""
+    return min(0.1, max(0.01, coalesce_s / 4))
 
-    Acknowledgements are event-driven: each call's ObjectRef gets a completion callback
-    (``ObjectRef.future()``), so the outbox's non-blocking poll on every sample is a flag
-    check, not a ``ray.wait`` round trip through the core worker (0.6 ms each, measured).
+
+class SpoolWriter:
+    """One writer actor: a ``RecordingWriter`` (the files) fed by an ``Ingest`` (the spools), driven by a thread.
+
+    The thread reads the spools of the env runners this writer owns every ``tick_s`` and commits what is due;
+    the actor's methods (stats, learner versions, close) take the same lock. Nothing here needs the env runners
+    to be alive, and a restarted writer goes on where its files' commits stand.
     """
 
-    def __init__(self, binding: Binding, worker_index: int, is_evaluation: bool) -> None:
-        self.worker_index = worker_index
-        self.is_evaluation = is_evaluation
-        self.writer_name = binding.writer_for(current_node_id(), worker_index, is_evaluation)
-        self.writer_actor = ray.get_actor(self.writer_name, namespace=binding.namespace)
-        self._futures: dict[Any, concurrent.futures.Future] = {}
+    def __init__(self, run_dir: str, run_id: str, config: RecorderConfig, file_tag: str = "",
+                 writer_index: int | None = 0, *, clock: Callable[[], float] = time.time, thread: bool = True) -> None:
+        self.writer = RecordingWriter(run_dir, run_id, storage_options(config), file_tag)
+        num_writers = config.num_writers
 
-    def send(self, sender_id: bytes, seq: int, chunk: Chunk, stats: dict[str, Any]) -> Any:
-        pieces = chunk_pieces(chunk)
-        if pieces is None:
-            ref = self.writer_actor.append.remote(self.worker_index, self.is_evaluation, sender_id, seq, chunk, stats)
-        else:
-            ref = self.writer_actor.append_pieces.remote(
-                self.worker_index, self.is_evaluation, sender_id, seq, stats, *pieces
-            )
-        self._futures[ref] = ref.future()
-        return ref
+        def owns(stem: str) -> bool:  # writer_index None: every file of the node (``recover``)
+            parsed = parse_stem(stem)
+            return parsed is not None and parsed[2] == file_tag and (
+                writer_index is None or assign_writer(parsed[0], parsed[1], num_writers) == writer_index)
 
-    def report(self, stats: dict[str, Any]) -> None:
-        self.writer_actor.report.remote(self.worker_index, self.is_evaluation, stats)
+        self.tick_s = tick_s(config.coalesce_s)
+        self.ingest = Ingest(
+            run_dir, owns=owns, commit=self._commit, committed_upto=self._committed_upto,
+            report=lambda key, stats: self.writer.report(key[0], key[1], stats),
+            coalesce_rows=config.coalesce_rows, coalesce_s=config.coalesce_s, coalesce_bytes=config.coalesce_bytes,
+            tick_s=self.tick_s, clock=clock,
+        )
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._loop_errors = 0
+        if thread:
+            threading.Thread(target=self._loop, name="rllib_recorder-ingest", daemon=True).start()
 
-    def wait(self, handles: list[Any], timeout_s: float) -> list[Any]:
-        futures = [self._futures[h] for h in handles]
-        if timeout_s > 0 and not any(f.done() for f in futures):
-            concurrent.futures.wait(futures, timeout=timeout_s, return_when=concurrent.futures.FIRST_COMPLETED)
-        return [h for h, f in zip(handles, futures) if f.done()]
+    def poll(self) -> dict[str, Any]:
+        """One tick of the thread, by hand (tests, and writers made with ``thread=False``)."""
+        with self._lock:
+            self.ingest.poll()
+            return self._stats()
 
-    def result(self, handle: Any) -> dict[str, Any]:
-        self._futures.pop(handle, None)
-        return ray.get(handle)  # done: a local read (and Ray's own error types, unchanged)
+    def __reduce__(self) -> Any:
+        raise TypeError("SpoolWriter holds open HDF5 files and a thread and cannot be pickled; use the writer "
+                        "actor handle from the pool instead")
 
-    def retryable(self, error: Exception) -> bool:
-        # A task error is the writer refusing the chunk; anything else (actor died,
-        # restarting, unreachable) may pass when the chunk is sent again.
-        return not isinstance(error, ray.exceptions.RayTaskError)
+    def _loop(self) -> None:
+        while not self._stopped.wait(self.tick_s):
+            with self._lock:
+                if self._stopped.is_set():
+                    return
+                try:
+                    self.ingest.poll()
+                except Exception:  # noqa: BLE001 - the thread must live on; counted and logged once
+                    self._loop_errors += 1
+                    if self._loop_errors == 1:
+                        logger.exception("rllib_recorder: reading the spools failed; retrying every tick")
+
+    def _commit(self, worker_index: int, is_evaluation: bool, sender_id: bytes, seq: int, chunk: Chunk,
+                stats: dict[str, Any]) -> None:
+        self.writer.append(worker_index, is_evaluation, sender_id, seq, chunk, stats)
+
+    def _committed_upto(self, key: tuple[int, bool], sender: str) -> int:
+        try:
+            self.writer.open_file(key)
+        except Exception:  # noqa: BLE001 - the commit then fails too, is counted and is tried again
+            return 0
+        return self.writer.committed_upto(key, sender.encode())
+
+    def set_learner_version(self, version: int, at_s: float | None = None) -> None:
+        self.writer.set_learner_version(version, at_s)
+
+    def flush(self) -> dict[str, Any]:
+        """Reads and commits everything handed over so far; returns the stats."""
+        with self._lock:
+            self.ingest.poll(final=True)
+            return self._stats()
+
+    def stats(self) -> dict[str, Any]:
+        """Reads what is new first, so that counters a runner wrote before ``sample()`` returned are in."""
+        with self._lock:
+            self.ingest.poll()
+            return self._stats()
+
+    def close(self) -> dict[str, Any]:
+        """Commits everything handed over, closes the files, deletes the committed spools; returns the stats."""
+        self._stopped.set()
+        with self._lock:
+            self.ingest.poll(final=True)
+            leftovers = self.ingest.leftovers()
+            self.ingest.remove_committed()
+            self.ingest.close()
+            stats = self.writer.close()
+            return {**stats, **self._ingest_stats(), "spool_leftovers": leftovers}
+
+    def _stats(self) -> dict[str, Any]:
+        return {**self.writer.stats(), **self._ingest_stats()}
+
+    def _ingest_stats(self) -> dict[str, Any]:
+        pending = self.ingest.pending()
+        return {"errors": self.ingest.errors + self._loop_errors, "steps_uncommitted": pending["rows"],
+                "bytes_uncommitted": pending["bytes"], "last_error": self.ingest.last_error or self.writer.last_error}

@@ -203,7 +203,7 @@ def walk(path: str) -> None:
             elif isinstance(child, h5py.Dataset):
                 attempt(dataset, name, child, commit)
 
-    with h5py.File(path, "r") as h5:
+    with h5py.File(path, "r", locking=False) as h5:  # as schema.open_h5 (this child imports little)
         attrs = dict(h5.attrs)
         commit = json.loads(attrs["commit"]) if "commit" in attrs else {"batches": 0, "agents": {}}
         group("", h5, commit)

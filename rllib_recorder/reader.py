@@ -102,7 +102,7 @@ class WorkerFile:
         if self._h5 is None:
             probe.ensure_readable([self.path])
             try:
-                self._h5 = h5py.File(self.path, "r")
+                self._h5 = schema.open_h5(self.path, "r")
             except OSError as e:
                 fix = ("it was cut short after it was written (an interrupted copy?), which recover cannot mend: "
                        "copy it again, or move it out of the run directory" if "truncated file" in str(e)

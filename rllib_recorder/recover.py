@@ -6,13 +6,32 @@ import glob
 import os
 from typing import Any
 
-import h5py
 
 from rllib_recorder import h5repair, probe, schema
 from rllib_recorder.errors import SchemaError
 from rllib_recorder.manifest import now_iso, place_files, read_manifest, write_manifest
 
 RECOVERED = "recovered"
+
+
+def commit_spools(run_dir: str, run_id: str, config: Any = None) -> list[dict[str, Any]]:
+    """Commits what env runners handed over to the spools of ``run_dir`` and no writer committed (its writers or
+    the driver died, or Ray was shut down first); returns one writer's stats per node tag found.
+
+    Run only where no writer of the run is alive: one ``SpoolWriter`` per node tag takes every file of that tag,
+    continues each file after its last commit and skips every record a file already commits.
+    """
+    from rllib_recorder.config import RecorderConfig
+    from rllib_recorder.pool import SpoolWriter
+    from rllib_recorder.spoolfile import parse_stem, sender_dirs
+
+    config = config if config is not None else RecorderConfig()
+    tags = sorted({parse_stem(stem)[2] for stem, _, _ in sender_dirs(run_dir)})  # type: ignore[index]
+    out = []
+    for tag in tags:
+        writer = SpoolWriter(run_dir, run_id, config, tag, None, thread=False)
+        out.append(writer.close())
+    return out
 
 
 def recover_run(run_dir: str) -> dict[str, Any]:
@@ -56,7 +75,7 @@ def recover_file(path: str, rewrite: bool = True) -> dict[str, Any]:
                                     "directory to recover and read the rest of the run"):
         h5repair.extend_eoa_to_eof(path)  # a killed writer's last chunks may lie past the recorded EOA
         probe.ensure_readable([path])  # HDF5 may loop or crash on damage; find out in a child first
-        with h5py.File(path, "r") as h5:
+        with schema.open_h5(path, "r") as h5:
             if "format" not in h5.attrs or "commit" not in h5.attrs:
                 empty = True
             else:
@@ -67,7 +86,7 @@ def recover_file(path: str, rewrite: bool = True) -> dict[str, Any]:
             os.replace(path, f"{path}.empty")
             return {"renamed_to": os.path.basename(path) + ".empty", "env_steps": 0}
         dropped = schema.rewrite_committed(path) if rewrite or dirty else {}
-        with h5py.File(path, "r") as h5:
+        with schema.open_h5(path, "r") as h5:
             commit = schema.read_commit(h5)
             steps = int(h5["batches/env_steps"][: commit["batches"]].sum()) if commit["batches"] else 0
     return {"batches": commit["batches"], "env_steps": steps,

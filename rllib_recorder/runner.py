@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
+import uuid
 import weakref
 from collections import Counter
 from typing import Any
 
 from rllib_recorder.convert import START_STATE_KEY, Chunk, ConvertOptions, batch_to_chunk, episodes_to_chunk
 from rllib_recorder.envstate import plan_of, sub_envs
-from rllib_recorder.outbox import Outbox
-from rllib_recorder.pool import Binding, RayTransport
+from rllib_recorder.ingest import HEARTBEAT_NAME
+from rllib_recorder.outbox import Outbox, heartbeat_age_s
+from rllib_recorder.pool import Binding
+from rllib_recorder.spoolfile import SPOOL_DIR, SegmentWriter
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +51,12 @@ def runner_node_id(env_runner: Any) -> str:
     return current_node_id()
 
 
-def drain_env_runner(env_runner: Any, timeout_s: float) -> dict[str, Any]:
-    """Run on each env runner when the algorithm stops: send and await everything held."""
+def drain_env_runner(env_runner: Any, timeout_s: float = 0.0) -> dict[str, Any]:
+    """Run on each env runner when the algorithm stops: close its spool with its final counters."""
     recorder = _RECORDERS.get(env_runner)
     if recorder is None:
-        return {"worker_index": getattr(env_runner, "worker_index", 0), "unacked": 0, "samples": 0}
-    return recorder.drain(timeout_s)
+        return {"worker_index": getattr(env_runner, "worker_index", 0), "unbound_chunks": 0, "samples": 0}
+    return recorder.drain()
 
 
 class StartStates:
@@ -96,7 +100,7 @@ class StartStates:
 
 
 class RunnerRecorder:
-    """Converts each sample of one env runner and hands it to the outbox; never touches HDF5."""
+    """Counts, converts and hands each sample of one env runner to its spool; never touches HDF5."""
 
     def __init__(self, worker_index: int, is_evaluation: bool) -> None:
         self.worker_index = worker_index
@@ -105,6 +109,8 @@ class RunnerRecorder:
         self.outbox: Outbox | None = None
         self.options = ConvertOptions()
         self.errors: Counter[str] = Counter()
+        # every on_sample_end payload, counted before anything can fail: the completeness check's reference
+        self.sampled: Counter[str] = Counter()
         self._unbound: list[Chunk] = []
         # Read on every episode start: unbound runners capture (their samples are held until bound), bound ones
         # as configured. Set again by ``bind``.
@@ -115,8 +121,10 @@ class RunnerRecorder:
         return self.binding is None or not self.is_evaluation or self.binding.config.record_evaluation
 
     def bind(self, binding: Binding) -> None:
-        if self.binding is not None and self.binding.run_id == binding.run_id:
+        if self.binding is not None and self.binding.run_id == binding.run_id and self.outbox is not None:
             return
+        from rllib_recorder.pool import current_node_id
+
         config = binding.config
         self.binding = binding
         self.options = ConvertOptions(config.record_infos, config.record_extra_model_outputs, config.encode_uint8,
@@ -125,20 +133,28 @@ class RunnerRecorder:
         if not self.enabled:
             self._unbound.clear()
             return
-        self.transport = RayTransport(binding, self.worker_index, self.is_evaluation)
+        stem = binding.stem_for(current_node_id(), self.worker_index, self.is_evaluation)
+        if stem is None:  # no writers on this node yet: samples wait here until the driver binds again
+            logger.warning("rllib_recorder: no writer on this node yet; env runner %d holds its samples until "
+                           "the driver starts one", self.worker_index)
+            return
+        spool = os.path.join(binding.run_dir, SPOOL_DIR, stem)
         self.outbox = Outbox(
-            self.transport, window=config.max_in_flight, policy=config.backpressure,
-            coalesce_rows=config.coalesce_rows, coalesce_s=config.coalesce_s, coalesce_bytes=config.coalesce_bytes,
-            max_wait_s=config.drain_timeout_s, encode=config.encode_uint8,
+            SegmentWriter(os.path.join(spool, uuid.uuid4().hex)), policy=config.backpressure,
+            max_backlog_bytes=config.max_backlog_bytes, max_wait_s=config.drain_timeout_s,
+            writer_heartbeat_s=lambda: heartbeat_age_s(os.path.join(spool, HEARTBEAT_NAME)),
+            encode=config.encode_uint8, extra_stats=self._extra_stats,
         )
         for chunk in self._unbound:
             self.outbox.add(chunk)
         self._unbound.clear()
 
     def record(self, samples: Any, env_runner: Any) -> None:
-        """Converts one ``on_sample_end`` payload and queues it for its writer."""
+        """Counts, converts and hands one ``on_sample_end`` payload to the spool."""
         if not self.enabled:
             return
+        self.sampled["samples"] += 1
+        self.sampled["env_steps"] += _env_steps(samples)
         now = time.time()
         if isinstance(samples, list):
             chunk = episodes_to_chunk(samples, self.options, sampled_at_s=now)
@@ -148,10 +164,12 @@ class RunnerRecorder:
             version = getattr(env_runner, "weights_seq_no", None)
             chunk = batch_to_chunk(samples, self.options, -1 if version is None else int(version), now)
         if not chunk.streams:
+            self.sampled["env_steps_empty"] += chunk.env_steps  # e.g. episodes of length 0: nothing to store
             return
-        if self.outbox is None:
+        if self.outbox is None or self.outbox.closed:
             if len(self._unbound) >= MAX_UNBOUND_CHUNKS:
                 self.count_error("unbound_overflow")
+                self.sampled["env_steps_unbound_dropped"] += chunk.env_steps
                 return
             self._unbound.append(chunk)
             return
@@ -159,23 +177,45 @@ class RunnerRecorder:
 
     def count_error(self, kind: str) -> None:
         self.errors[kind] += 1
-        if self.outbox is not None:
+        if self.outbox is not None and not self.outbox.closed:
             try:
-                self.transport.report(self.stats())
+                self.outbox.report()
             except Exception:  # reporting is best effort; the count stays here
                 pass
 
-    def stats(self) -> dict[str, Any]:
-        stats = self.outbox.stats_dict() if self.outbox is not None else {}
-        stats["errors"] = sum(self.errors.values())
-        stats["error_kinds"] = dict(self.errors)
-        stats["unbound_chunks"] = len(self._unbound)
-        return stats
-
-    def drain(self, timeout_s: float) -> dict[str, Any]:
-        unacked = self.outbox.drain(timeout_s) if self.outbox is not None else len(self._unbound)
-        stats = self.stats()
-        if self.outbox is not None:
-            self.transport.report(stats)
+    def _extra_stats(self) -> dict[str, Any]:
         return {"worker_index": self.worker_index, "is_evaluation": self.is_evaluation,
-                "unacked": unacked, **stats}
+                "env_steps_sampled": self.sampled["env_steps"], "samples_sampled": self.sampled["samples"],
+                "env_steps_empty": self.sampled["env_steps_empty"],
+                "env_steps_unbound_dropped": self.sampled["env_steps_unbound_dropped"],
+                "errors": sum(self.errors.values()), "error_kinds": dict(self.errors),
+                "unbound_chunks": len(self._unbound)}
+
+    def writer_name(self) -> str | None:
+        """The name of the writer actor that owns this runner's file (None while unbound)."""
+        from rllib_recorder.pool import assign_writer, current_node_id
+
+        if self.binding is None:
+            return None
+        names = self.binding.node_writers.get(current_node_id(), ())
+        index = assign_writer(self.worker_index, self.is_evaluation, len(names) or 1)
+        return names[index] if names else None
+
+    def stats(self) -> dict[str, Any]:
+        return self.outbox.stats_dict() if self.outbox is not None else self._extra_stats()
+
+    def drain(self) -> dict[str, Any]:
+        """Closes the spool with the final counters (the writer commits what it holds); returns the counters."""
+        if self.outbox is None:
+            return self.stats()
+        return self.outbox.close()
+
+
+def _env_steps(samples: Any) -> int:
+    """Env steps of one ``on_sample_end`` payload (episodes, or an old-stack batch), before any conversion."""
+    try:
+        if isinstance(samples, list):
+            return sum(int(e.env_steps()) if hasattr(e, "agent_episodes") else len(e) for e in samples)
+        return int(samples.env_steps()) if hasattr(samples, "policy_batches") else len(samples["rewards"])
+    except Exception:  # noqa: BLE001 - a payload we can't count is counted by the conversion's error instead
+        return 0

@@ -22,7 +22,7 @@ from rllib_recorder.convert import (
 from rllib_recorder.errors import SchemaError
 
 FORMAT_NAME = "rllib_recorder"
-SCHEMA_VERSION = "2.0"
+SCHEMA_VERSION = "2.1"
 # Majors this reader reads: 2.0 may store frame stacks as their newest frames (FRAME_STACK_ATTR), which a 1.x
 # reader would return as they are stored; 1.x files hold nothing a 2.0 reader reads differently.
 READABLE_MAJORS = ("1", "2")
@@ -52,7 +52,13 @@ BATCH_COLUMNS = {
     "weights_seq_no_min": "oldest behaviour-policy version in the chunk",
     "weights_seq_no_max": "newest behaviour-policy version in the chunk",
     "raw_bytes": "bytes of the chunk's arrays before compression",
+    "sender_env_steps_sampled": "env steps the sender had sampled (every on_sample_end, stored or not) up to "
+                                "and including this chunk's last sample (schema 2.1; see 'Completeness')",
+    "sender_env_steps_dropped": "env steps the sender had dropped by then (backpressure, a full spool) "
+                                "(schema 2.1)",
 }
+# Sender counters a 2.1 batch row keeps (from the record's sender stats), so that verify finds gaps from the file.
+SENDER_COUNTERS = {"sender_env_steps_sampled": "env_steps_sampled", "sender_env_steps_dropped": "env_steps_dropped"}
 STEP_COLUMNS = {
     "obs": "observation the action was computed from (nested spaces: a group)",
     "actions": "action taken (nested spaces: a group)",
@@ -162,12 +168,42 @@ def check_version(found: Any, where: str) -> None:
         )
 
 
+def open_h5(path: str, mode: str = "r", **kwargs: Any) -> h5py.File:
+    """``h5py.File`` for every open of a worker file by this package; a writer's opens take no HDF5 file lock.
+
+    A worker file has one writer by design, and readers coordinate with it through the file's commit record, not
+    a lock: with HDF5's locks a reader could not open a file while it records, and a writer reopening its file
+    (after a compaction) would fail while a reader had it open. Reads open as plain ``h5py.File`` does (so that a
+    user's own ``h5py.File`` of the same file in the same process still opens) and fall back to no locking when
+    the file is locked or already open here without locks.
+    """
+    if mode != "r":
+        try:
+            return h5py.File(path, mode, locking=False, **kwargs)
+        except OSError as e:
+            if not _lock_trouble(e):
+                raise
+            return h5py.File(path, mode, **kwargs)
+    try:
+        return h5py.File(path, mode, **kwargs)
+    except OSError as e:
+        if not _lock_trouble(e):
+            raise
+        return h5py.File(path, mode, locking=False, **kwargs)
+
+
+def _lock_trouble(error: OSError) -> bool:
+    text = str(error)
+    return "lock" in text and ("flag values don't match" in text or "unable to lock" in text
+                               or getattr(error, "errno", None) == 11)
+
+
 def create_file(path: str, file_space: str = "none") -> h5py.File:
     """Creates a new HDF5 file with the file-space strategy ``file_space`` (refuses an existing one)."""
     if file_space == "none":
         # fs_persist/threshold only matter for the "fsm" and "page" strategies.
-        return h5py.File(path, "x", fs_strategy="none", rdcc_nbytes=APPEND_CHUNK_CACHE_BYTES)
-    return h5py.File(path, "x", rdcc_nbytes=APPEND_CHUNK_CACHE_BYTES)
+        return open_h5(path, "x", fs_strategy="none", rdcc_nbytes=APPEND_CHUNK_CACHE_BYTES)
+    return open_h5(path, "x", rdcc_nbytes=APPEND_CHUNK_CACHE_BYTES)
 
 
 def open_for_append(path: str, attrs: Mapping[str, Any], file_space: str = "none") -> h5py.File:
@@ -175,7 +211,7 @@ def open_for_append(path: str, attrs: Mapping[str, Any], file_space: str = "none
     exists = os.path.exists(path)
     if exists:  # before HDF5 opens it for writing, which would cut a killed writer's last bytes off
         h5repair.extend_eoa_to_eof(path)
-    h5 = h5py.File(path, "a", rdcc_nbytes=APPEND_CHUNK_CACHE_BYTES) if exists else create_file(path, file_space)
+    h5 = open_h5(path, "a", rdcc_nbytes=APPEND_CHUNK_CACHE_BYTES) if exists else create_file(path, file_space)
     if not exists or "format" not in h5.attrs:
         from rllib_recorder import __version__
 
@@ -197,7 +233,7 @@ def open_for_append(path: str, attrs: Mapping[str, Any], file_space: str = "none
             # killed writer may have left half-written: copy the committed rows instead.
             h5.close()
             rewrite_committed(path)
-            h5 = h5py.File(path, "a", rdcc_nbytes=APPEND_CHUNK_CACHE_BYTES)
+            h5 = open_h5(path, "a", rdcc_nbytes=APPEND_CHUNK_CACHE_BYTES)
     return h5
 
 
@@ -278,12 +314,27 @@ def _commit_capacity(h5: h5py.File) -> int:
     return dtype.itemsize if dtype.kind == "S" else 0
 
 
-def committed_keys(h5: h5py.File) -> set[tuple[bytes, int]]:
-    """The (sender_id, seq) pairs already committed to this file."""
+def committed_upto(h5: h5py.File) -> dict[bytes, int]:
+    """Per sender id: the first seq not yet committed (a batch row commits seqs ``seq .. seq + num_samples - 1``)."""
     batches = h5["batches"]
-    if "seq" not in batches:
-        return set()
-    return set(zip(batches["sender_id"][()].tolist(), batches["seq"][()].tolist()))
+    rows = int(read_commit(h5)["batches"])
+    if "seq" not in batches or not rows:
+        return {}
+    ends = batches["seq"][:rows] + (batches["num_samples"][:rows] if "num_samples" in batches else 1)
+    out: dict[bytes, int] = {}
+    for sender, end in zip(batches["sender_id"][:rows].tolist(), ends.tolist()):
+        out[sender] = max(out.get(sender, 0), int(end))
+    return out
+
+
+def committed_totals(h5: h5py.File) -> dict[str, int]:
+    """What a file's committed batch rows hold: chunks, env and agent steps, raw bytes (a writer's totals)."""
+    rows = int(read_commit(h5)["batches"])
+    batches = h5["batches"]
+    if not rows or "env_steps" not in batches:
+        return {}
+    return {"chunks": rows, **{name: int(batches[name][:rows].sum()) for name in ("env_steps", "agent_steps", "raw_bytes")
+                               if name in batches}}
 
 
 def _tables(h5: h5py.File) -> list[tuple[str, int]]:
@@ -326,7 +377,7 @@ def rewrite_committed(path: str, copy_rows: int = 1 << 16) -> dict[str, int]:
     new file replaces the old one atomically (a crash leaves one or the other).
     """
     tmp = f"{path}.rewrite-tmp"
-    with _temporary(tmp), h5py.File(path, "r") as src, h5py.File(tmp, "w", fs_strategy="none") as dst:
+    with _temporary(tmp), open_h5(path, "r") as src, open_h5(tmp, "w", fs_strategy="none") as dst:
         validate_header(src, path)
         dropped = uncommitted_rows(src)
         dst.attrs.update(dict(src.attrs))
@@ -387,12 +438,12 @@ def compact(path: str) -> int:
     """
     before = os.path.getsize(path)
     tmp = f"{path}.rewrite-tmp"
-    with h5py.File(path, "r") as src:
+    with open_h5(path, "r") as src:
         if uncommitted_rows(src):
             src.close()
             rewrite_committed(path)
             return before - os.path.getsize(path)
-        with _temporary(tmp), h5py.File(tmp, "w", fs_strategy="none") as dst:
+        with _temporary(tmp), open_h5(tmp, "w", fs_strategy="none") as dst:
             dst.attrs.update(dict(src.attrs))
             for name in src:
                 src.copy(src[name], dst, name=name)
@@ -529,7 +580,7 @@ class _Column:
 
 def append_chunk(
     h5: h5py.File, chunk: Chunk, *, sender_id: bytes, seq: int, learner_version: int,
-    options: StorageOptions, columns: OpenColumns | None = None,
+    options: StorageOptions, columns: OpenColumns | None = None, sender_stats: Mapping[str, Any] | None = None,
 ) -> dict[str, int]:
     """Appends one chunk and commits it (one attribute write), then flushes.
 
@@ -559,7 +610,11 @@ def append_chunk(
         "weights_seq_no_max": np.array([all_versions.max()], np.int64),
         "raw_bytes": np.array([chunk.nbytes], np.int64),
     }
-    _append_columns(columns, columns.group("batches"), batch, batch_row, options)
+    batches = columns.group("batches")
+    if not batch_row or "sender_env_steps_sampled" in batches:  # a 2.0 file being continued has no such columns
+        stats = sender_stats or {}
+        batch.update({column: np.array([int(stats.get(key, -1))], np.int64) for column, key in SENDER_COUNTERS.items()})
+    _append_columns(columns, batches, batch, batch_row, options)
     # Rows first, commit second: one flush for both would let HDF5 write the commit
     # record before the rows it names, and a kill in between would commit garbage.
     _flush(h5, options)

@@ -7,7 +7,6 @@ import errno
 import gc
 import logging
 import os
-import pickle
 import socket
 import time
 import traceback
@@ -46,7 +45,9 @@ class RecordingWriter:
         self._files: dict[tuple[int, bool], h5py.File] = {}
         self._columns: dict[tuple[int, bool], schema.OpenColumns] = {}
         self._paths: set[str] = set()
-        self._committed: dict[tuple[int, bool], set[tuple[bytes, int]]] = {}
+        self._rebuilt: set[tuple[int, bool]] = set()
+        # per file, per sender id: the first seq not yet committed (seqs number a sender's samples, in order)
+        self._committed: dict[tuple[int, bool], dict[bytes, int]] = {}
         self._sender_stats: dict[str, dict[str, Any]] = {}
         self._lag: Counter[int] = Counter()
         self._totals = Counter()
@@ -76,7 +77,7 @@ class RecordingWriter:
         except BaseException as e:  # e.g. repairing a file on a full disk
             path = os.path.join(self.run_dir, schema.file_name(worker_index, is_evaluation, self.file_tag))
             raise self._error(e, path) from e
-        if (sender_id, seq) in self._committed[key]:
+        if seq < self._committed[key].get(sender_id, 0):
             self._totals["duplicate_chunks"] += 1
             return {"seq": seq, "duplicate": True, "rows": 0}
         start = time.perf_counter()
@@ -84,7 +85,7 @@ class RecordingWriter:
         try:
             schema.append_chunk(
                 h5, chunk, sender_id=sender_id, seq=seq, learner_version=learner_version,
-                options=self.storage, columns=self._columns[key],
+                options=self.storage, columns=self._columns[key], sender_stats=sender_stats,
             )
         except BaseException as e:
             # Close the file: reopening drops the rows no commit names, so a re-send is clean.
@@ -95,34 +96,38 @@ class RecordingWriter:
             gc.collect()
             self._close_file(key)
             raise self._error(e, path) from e
-        self._committed[key].add((sender_id, seq))
+        self._committed[key][sender_id] = seq + chunk.num_samples
         self._heap[key] += schema.heap_bytes(chunk)
         self._maybe_compact(key)
         self._account(chunk, time.perf_counter() - start, learner_version)
         return {"seq": seq, "duplicate": False, "rows": chunk.agent_steps}
 
-    def append_pieces(
-        self, worker_index: int, is_evaluation: bool, sender_id: bytes, seq: int,
-        sender_stats: dict[str, Any] | None, *pieces: bytes,
-    ) -> dict[str, Any]:
-        """``append`` of a chunk sent pickled in pieces (``pool.chunk_pieces``: small enough for Ray to carry
-        inside the call, not through the object store)."""
-        chunk = pickle.loads(b"".join(pieces))
-        if not isinstance(chunk, Chunk):
-            raise TypeError(f"append_pieces got a {type(chunk).__name__}, not a Chunk; send chunks through "
-                            "pool.RayTransport")
-        return self.append(worker_index, is_evaluation, sender_id, seq, chunk, sender_stats)
+    def open_file(self, key: tuple[int, bool]) -> None:
+        """Opens (creating or repairing if needed) the file of ``key``; raises the one-line error of ``append``."""
+        try:
+            self._file(key)
+        except BaseException as e:
+            raise self._error(e, os.path.join(self.run_dir, schema.file_name(*key, self.file_tag))) from e
+
+    def committed_upto(self, key: tuple[int, bool], sender_id: bytes) -> int:
+        """The first seq of ``sender_id`` that the file of ``key`` does not commit yet (0: none committed)."""
+        return self._committed.get(key, {}).get(sender_id, 0)
+
+    @property
+    def last_error(self) -> str | None:
+        return self._last_error
 
     def _error(self, error: BaseException, path: str) -> BaseException:
-        """Counts a failed append and returns the one-line error to raise."""
-        self._totals["errors"] += 1
+        """Counts a failed append and returns the one-line error to raise (the caller counts it as an error once)."""
+        self._totals["append_failures"] += 1
         error = _clear_error(error, path)
         self._last_error = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
         return error
 
     def report(self, worker_index: int, is_evaluation: bool, sender_stats: dict[str, Any]) -> None:
-        """Takes an env runner's recorder statistics without data (e.g. after errors)."""
-        self._sender_stats[f"{'eval-' if is_evaluation else ''}{worker_index}"] = sender_stats
+        """Takes the counters of an env-runner process incarnation (a sender), as carried by its spool records."""
+        stem = schema.file_name(worker_index, is_evaluation, self.file_tag)[: -len(".h5")]
+        self._sender_stats[f"{stem}/{sender_stats.get('sender_id', '')}"] = sender_stats
 
     def set_learner_version(self, version: int, at_s: float | None = None) -> None:
         """The learner finished weights ``version`` at wall time ``at_s`` (default: now).
@@ -158,8 +163,7 @@ class RecordingWriter:
             "policy_lag_counts": dict(self._lag),
             "runners": dict(self._sender_stats),
             "last_error": self._last_error,
-            "senders": {schema.file_name(*k, self.file_tag): len({s for s, _ in c})
-                        for k, c in self._committed.items()},
+            "senders": {schema.file_name(*k, self.file_tag): len(c) for k, c in self._committed.items()},
         }
 
     def close(self) -> dict[str, Any]:
@@ -235,7 +239,10 @@ class RecordingWriter:
             # Whatever the file holds when opened counts as data (a conservative start).
             self._heap[key] = max(0, _path_size(path) - schema.chunk_bytes(h5))
             self._paths.add(os.path.relpath(path, self.run_dir))
-            self._committed[key] = schema.committed_keys(h5)
+            self._committed[key] = schema.committed_upto(h5)
+            if key not in self._rebuilt:  # totals survive a writer restart: what the file holds counts
+                self._rebuilt.add(key)
+                self._totals.update(schema.committed_totals(h5))
         return self._files[key]
 
     def _close_file(self, key: tuple[int, bool]) -> None:

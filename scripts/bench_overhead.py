@@ -243,8 +243,10 @@ def writer_cpu(runner: Any) -> dict[str, float]:
 
     from rllib_recorder.runner import recorder_for
 
-    transport = recorder_for(runner).transport
-    return {transport.writer_name: ray.get(transport.writer_actor.stats.remote())["cpu_s"]}
+    recorder = recorder_for(runner)
+    name = recorder.writer_name()
+    actor = ray.get_actor(name, namespace=recorder.binding.namespace)
+    return {name: ray.get(actor.stats.remote())["cpu_s"]}
 
 
 def writers_cpu_since(group: Any, before: dict[str, float]) -> float:
@@ -265,7 +267,7 @@ def recorder_state(runner: Any) -> dict[str, float]:
     from rllib_recorder.runner import recorder_for
 
     stats = recorder_for(runner).stats()
-    return {k: stats.get(k, 0) for k in ("wait_s", "samples", "rows_pending", "chunks_in_flight")} | {"rss": _rss()}
+    return {k: stats.get(k, 0) for k in ("wait_s", "samples", "backlog_bytes")} | {"rss": _rss()}
 
 
 def drain(runner: Any) -> float:

@@ -62,8 +62,10 @@ def writer_pid(runner: Any) -> dict[str, int]:
 
     from rllib_recorder.runner import recorder_for
 
-    transport = recorder_for(runner).transport
-    return {transport.writer_name: ray.get(transport.writer_actor.__ray_call__.remote(
+    recorder = recorder_for(runner)
+    name = recorder.writer_name()
+    actor = ray.get_actor(name, namespace=recorder.binding.namespace)
+    return {name: ray.get(actor.__ray_call__.remote(
         lambda self: __import__("os").getpid()))}
 
 

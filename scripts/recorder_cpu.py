@@ -38,9 +38,8 @@ TARGETS = (
     ("rllib_recorder.convert", None, "_start_state_columns"),
     ("rllib_recorder.convert", None, "encode_stream"),
     ("rllib_recorder.outbox", "Outbox", "add"),
-    ("rllib_recorder.outbox", "Outbox", "flush"),
-    ("rllib_recorder.outbox", None, "merge_chunks"),
-    ("rllib_recorder.pool", "RayTransport", "send"),
+    ("rllib_recorder.outbox", None, "encode_record"),
+    ("rllib_recorder.spoolfile", "SegmentWriter", "write"),
     ("rllib_recorder.envstate", "_Plan", "capture"),
 )
 

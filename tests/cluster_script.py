@@ -14,6 +14,7 @@ from ray.cluster_utils import Cluster
 from ray.tune.registry import register_env
 
 from rllib_recorder import RecorderCallback
+from rllib_recorder.pool import writer_name
 from tests.envs import CountingEnv
 from tests.test_recording import ppo
 
@@ -49,7 +50,7 @@ def record(out: str, cluster: Cluster, nodes: list) -> dict:
     with open(os.path.join(run_dir, "manifest.json")) as f:
         manifest = json.load(f)
     namespace = ray.get_runtime_context().namespace
-    writers = {index: node_of(f"rllib_recorder:{manifest['run_id']}:node-{index}:writer-0", namespace)
+    writers = {index: node_of(writer_name(manifest["run_id"], 0, int(index)), namespace)
                for index, node in manifest["writer_nodes"].items() if node["node_id"] != lost.node_id}
     algo.stop()
     return {"run_dir": run_dir, "first_runner_nodes": first, "runner_nodes": runners, "writer_actor_nodes": writers,

@@ -9,12 +9,13 @@ from tests.envs import decode, episode_length
 
 
 def check_run(run_dir: str, kind: str = "vector", multi_agent: bool = False,
-              statuses: tuple[str, ...] = ("finished",)) -> dict:
+              statuses: tuple[str, ...] = ("finished",), allow_gaps: bool = False) -> dict:
     """Checks every stored episode of a run made with CountingEnv / TwoAgentCountingEnv.
 
     Nothing lost (episode numbers per runner and agent are contiguous, every finished
     episode has its full length), nothing duplicated, nothing reordered (t counts up
-    from 0 across fragments), rewards exact. Returns counts for further checks.
+    from 0 across fragments), rewards exact. ``allow_gaps``: episodes may be missing between stored ones (a test
+    whose faults make the recorder count lost samples). Returns counts for further checks.
     """
     steps, returns, streams, senders_seen = 0, {}, {}, {}
     with open_run(run_dir) as run:
@@ -32,7 +33,7 @@ def check_run(run_dir: str, kind: str = "vector", multi_agent: bool = False,
                     steps += len(episode)
                 for sender, found in numbers.items():
                     assert len(found) == len(set(found)), f"duplicate episodes in {f.path}:{agent}"
-                    assert sorted(found) == list(range(min(found), max(found) + 1)), (
+                    assert allow_gaps or sorted(found) == list(range(min(found), max(found) + 1)), (
                         f"lost episodes in {f.path}:{agent}: {sorted(found)}")
                 streams[f.worker_index, f.is_evaluation, agent] = [n for found in numbers.values() for n in found]
                 senders_seen[f.worker_index, f.is_evaluation] = len(numbers)

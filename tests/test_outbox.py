@@ -1,11 +1,13 @@
-"""Flow control with a scripted transport and a fake clock: milliseconds, no Ray, no sleeping."""
+"""Flow control in the env runner: real spool files in a temp dir, a fake clock: milliseconds, no Ray, no sleeping."""
+
+import os
 
 import numpy as np
-import pytest
 
-from rllib_recorder.convert import episodes_to_chunk
-from rllib_recorder.outbox import Outbox
-from tests.helpers import make_episode
+from rllib_recorder.convert import ConvertOptions, episodes_to_chunk
+from rllib_recorder.outbox import WRITER_STALE_S, Outbox
+from rllib_recorder.spoolfile import KIND_CHUNK, KIND_END, KIND_STATS, SegmentWriter, read_record, segments_of
+from tests.helpers import image_episode, make_episode
 
 
 class FakeClock:
@@ -19,197 +21,157 @@ class FakeClock:
         self.now += seconds
 
 
-class FakeTransport:
-    """Acks a chunk once ``complete`` is called for it; ``fail`` makes its next result raise."""
-
-    def __init__(self, clock, auto_ack=False):
-        self.clock, self.auto_ack = clock, auto_ack
-        self.sent, self.done, self.failing, self.refusing = [], set(), set(), set()
-        self.stored = {}
-
-    def send(self, sender_id, seq, chunk, stats):
-        handle = (seq, len(self.sent))
-        self.sent.append((seq, chunk.agent_steps))
-        if self.auto_ack:
-            self.complete(handle)
-        return handle
-
-    def complete(self, handle):
-        self.done.add(handle)
-
-    def wait(self, handles, timeout_s):
-        ready = [h for h in handles if h in self.done]
-        if not ready:
-            self.clock.sleep(timeout_s)
-        return ready
-
-    def retryable(self, error):
-        return isinstance(error, ConnectionError)
-
-    def result(self, handle):
-        if handle in self.refusing:
-            raise ValueError("writer refused the chunk")
-        if handle in self.failing:
-            self.failing.discard(handle)
-            raise ConnectionError("writer died")
-        self.stored.setdefault(handle[0], 0)
-        self.stored[handle[0]] += 1
-        return {"seq": handle[0], "rows": 2}
+def records(directory):
+    """Every complete record in a sender's spool, in order."""
+    out = []
+    for index in segments_of(directory):
+        path = os.path.join(directory, f"{index:06d}.spool")
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            offset, size = 0, os.path.getsize(path)
+            while (record := read_record(fd, offset, size, path)) is not None:
+                out.append(record)
+                offset = record.end
+        finally:
+            os.close(fd)
+    return out
 
 
-def chunk(n=2):
-    return episodes_to_chunk([make_episode(n)])
-
-
-def make(transport_kwargs=None, **kwargs):
+def make(tmp_path, heartbeat=lambda: None, **kwargs):
     clock = FakeClock()
-    transport = FakeTransport(clock, **(transport_kwargs or {}))
-    return Outbox(transport, clock=clock, sleep=clock.sleep, **kwargs), transport, clock
+    segments = SegmentWriter(str(tmp_path / "spool"), segment_bytes=kwargs.pop("segment_bytes", 16 << 20))
+    outbox = Outbox(segments, clock=clock, sleep=clock.sleep, writer_heartbeat_s=heartbeat, **kwargs)
+    return outbox, segments, clock
 
 
-def test_small_samples_are_coalesced_until_enough_rows():
-    outbox, transport, _ = make(dict(auto_ack=True), coalesce_rows=5, coalesce_s=60)
-    outbox.add(chunk(2))
-    outbox.add(chunk(2))
-    assert transport.sent == []
-    outbox.add(chunk(2))
-    assert transport.sent == [(0, 6)]
+def chunk(n=2, t=0, eps="e"):
+    return episodes_to_chunk([make_episode(n, t_started=t, eps_id=eps)], sampled_at_s=float(t))
 
 
-def test_samples_of_another_policy_version_are_never_coalesced_with_those_held():
-    outbox, transport, _ = make(dict(auto_ack=True), coalesce_rows=1000, coalesce_s=60)
-    sent = []
-    send = transport.send
-    transport.send = lambda sender, seq, c, stats: sent.append(c.policy_versions.tolist()) or send(sender, seq, c, stats)
-    mixed = episodes_to_chunk([make_episode(2, version=4), make_episode(1, version=5)])
-    for c in (episodes_to_chunk([make_episode(2, version=3)]), episodes_to_chunk([make_episode(1, version=3)]),
-              episodes_to_chunk([make_episode(2, version=4)]), mixed, mixed,
-              episodes_to_chunk([make_episode(1, version=5)])):
-        outbox.add(c)
-    outbox.flush()
-    assert sent == [[3, 3, 3], [4, 4], [4, 4, 5, 4, 4, 5], [5]]
-
-
-def test_held_rows_are_sent_once_old_enough():
-    outbox, transport, clock = make(dict(auto_ack=True), coalesce_rows=1000, coalesce_s=1.0)
-    outbox.add(chunk())
-    clock.now = 1.5
-    outbox.add(chunk())
-    assert transport.sent == [(0, 4)]
-
-
-def test_full_window_blocks_until_an_ack_and_counts_the_wait():
-    outbox, transport, clock = make(window=2, max_wait_s=100)
-    outbox.add(chunk())
-    outbox.add(chunk())
-    # Nothing is acknowledged: the third add waits (the fake clock advances while it waits).
-    first = (0, 0)
-
-    def ack_after_a_quarter_second(handles, timeout_s):
-        if timeout_s == 0:
-            return []
-        clock.sleep(0.25)
-        return [first]
-
-    transport.wait = ack_after_a_quarter_second
-    outbox.add(chunk())
-    assert [s for s, _ in transport.sent] == [0, 1, 2]
-    assert outbox.stats.wait_s == pytest.approx(0.25) and outbox.stats.chunks_dropped == 0
-
-
-def test_drop_policy_drops_and_counts_without_waiting():
-    outbox, transport, clock = make(window=1, policy="drop")
-    outbox.add(chunk())
+def test_every_sample_is_in_the_spool_when_add_returns_numbered_with_its_counters(tmp_path):
+    outbox, segments, _ = make(tmp_path)
     outbox.add(chunk(3))
-    assert [s for s, _ in transport.sent] == [0]
-    assert outbox.stats.chunks_dropped == 1 and outbox.stats.rows_dropped == 3
-    assert clock.now == 0.0
+    outbox.add(chunk(2, t=3))
+    got = records(segments.directory)  # read by another file descriptor: it has left this object
+    assert [(r.kind, r.seq) for r in got] == [(KIND_CHUNK, 0), (KIND_CHUNK, 1)]
+    assert [r.chunk.agent_steps for r in got] == [3, 2]
+    np.testing.assert_array_equal(got[1].chunk.streams["default_agent"].steps["obs"][:, 0], [3, 4])
+    assert got[1].meta["stats"]["chunks_written"] == 2 and got[1].meta["stats"]["env_steps_written"] == 5
+    assert got[0].meta["sender"] == outbox.sender_id
+    assert outbox.stats.chunks_written == 2 and outbox.stats.rows_written == 5
 
 
-def test_block_gives_up_after_max_wait_and_counts_an_error():
-    outbox, transport, clock = make(window=1, max_wait_s=3)
+def test_report_and_close_write_counters_alone_and_close_is_final(tmp_path):
+    outbox, segments, _ = make(tmp_path)
     outbox.add(chunk())
-    outbox.add(chunk())
-    assert clock.now >= 3 and outbox.stats.chunks_dropped == 1 and outbox.stats.send_errors == 1
+    outbox.report()
+    stats = outbox.close()
+    outbox.close()  # idempotent
+    assert [r.kind for r in records(segments.directory)] == [KIND_CHUNK, KIND_STATS, KIND_END]
+    assert stats["chunks_written"] == 1 and outbox.closed
 
 
-def test_failed_chunk_is_resent_with_the_same_seq_and_kept_until_acked():
-    outbox, transport, clock = make(window=4)
-    outbox.add(chunk())
-    transport.failing.add((0, 0))
-    transport.complete((0, 0))
-    outbox.poll()
-    assert outbox.in_flight == 1 and outbox.stats.send_errors == 1
-    clock.now += 10
-    outbox.poll()  # resend is due: same seq, new handle
-    assert transport.sent == [(0, 2), (0, 2)] and outbox.stats.resends == 1
-    transport.complete((0, 1))
-    outbox.poll()
-    assert outbox.in_flight == 0 and transport.stored == {0: 1}
+def test_segments_rotate_and_the_backlog_counts_what_the_writer_has_not_deleted(tmp_path):
+    outbox, segments, _ = make(tmp_path, segment_bytes=4096)
+    for i in range(12):
+        outbox.add(chunk(20, t=20 * i))
+    names = segments_of(segments.directory)
+    assert len(names) > 2
+    total = segments.backlog_bytes()
+    assert total == sum(os.path.getsize(os.path.join(segments.directory, f"{i:06d}.spool")) for i in names)
+    os.remove(os.path.join(segments.directory, f"{names[0]:06d}.spool"))  # the writer committed it
+    assert segments.backlog_bytes() < total
+    assert [r.seq for r in records(segments.directory)] == list(range(12))[-len(records(segments.directory)):]
 
 
-def test_drain_sends_pending_and_waits_for_every_ack():
-    outbox, transport, _ = make(dict(auto_ack=True), coalesce_rows=1000, coalesce_s=60)
-    outbox.add(chunk())
-    assert outbox.drain(timeout_s=5) == 0
-    assert transport.sent == [(0, 2)] and outbox.stats.chunks_acked == 1
+def test_full_backlog_blocks_until_the_writer_deletes_and_counts_the_wait(tmp_path):
+    outbox, segments, clock = make(tmp_path, segment_bytes=2048, max_backlog_bytes=6000)
+    while segments.backlog_bytes() < 6000:
+        outbox.add(chunk(10))
+    waits = []
+
+    def writer_catches_up(seconds):
+        clock.now += seconds
+        waits.append(seconds)
+        if clock.now >= 0.5:  # the writer commits and deletes the old segments
+            for index in segments_of(segments.directory)[:-1]:
+                os.remove(os.path.join(segments.directory, f"{index:06d}.spool"))
+
+    outbox.sleep = writer_catches_up
+    before = outbox.stats.chunks_written
+    outbox.add(chunk(10))
+    assert outbox.stats.chunks_written == before + 1 and outbox.stats.chunks_dropped == 0
+    assert 0.5 <= outbox.stats.wait_s < 0.6 and outbox.stats.max_wait_s == outbox.stats.wait_s
 
 
-def test_drain_times_out_and_reports_what_is_left():
-    outbox, transport, clock = make()
-    outbox.add(chunk())
-    assert outbox.drain(timeout_s=2) == 1
-    assert clock.now >= 2
+def test_drop_policy_drops_and_counts_by_cause_without_waiting(tmp_path):
+    outbox, segments, clock = make(tmp_path, segment_bytes=2048, max_backlog_bytes=4000, policy="drop")
+    while segments.backlog_bytes() < 4000:
+        outbox.add(chunk(10))
+    written = outbox.stats.chunks_written
+    outbox.add(chunk(7))
+    assert clock.now == 0 and outbox.stats.chunks_written == written
+    assert outbox.stats.chunks_dropped == 1 and outbox.stats.env_steps_dropped == 7
+    assert dict(outbox.stats.drop_causes) == {"backpressure_drop": 7}
+    assert len(records(segments.directory)) == written  # nothing of the dropped sample was written
 
 
-def test_refused_chunk_is_counted_as_failed_not_resent():
-    outbox, transport, clock = make(window=4)
-    outbox.add(chunk(3))
-    transport.refusing.add((0, 0))
-    transport.complete((0, 0))
-    outbox.poll()
-    clock.now += 100
-    outbox.poll()
-    assert outbox.in_flight == 0 and len(transport.sent) == 1
-    assert outbox.stats.chunks_failed == 1 and outbox.stats.rows_failed == 3
+def test_block_gives_up_after_max_wait_and_names_the_drop(tmp_path):
+    outbox, segments, clock = make(tmp_path, segment_bytes=2048, max_backlog_bytes=4000, max_wait_s=3.0)
+    while segments.backlog_bytes() < 4000:
+        outbox.add(chunk(10))
+    outbox.add(chunk(4))
+    assert 3.0 <= clock.now < 3.1
+    assert dict(outbox.stats.drop_causes) == {"block_timeout": 4} and outbox.stats.wait_s >= 3.0
 
 
-def test_coalesced_frames_are_sent_as_uint8_codes_and_kept_that_way_for_resending():
-    from tests.helpers import image_episode
+def test_a_blocked_sampler_stops_waiting_for_a_writer_whose_heartbeat_stopped(tmp_path):
+    outbox, segments, clock = make(tmp_path, heartbeat=lambda: WRITER_STALE_S + 1, segment_bytes=2048,
+                                   max_backlog_bytes=4000, max_wait_s=120.0)
+    while segments.backlog_bytes() < 4000:
+        outbox.add(chunk(10))
+    outbox.add(chunk(5))
+    assert clock.now < 0.1  # not two minutes
+    assert dict(outbox.stats.drop_causes) == {"writer_not_consuming": 5}
 
+
+def test_a_sample_the_spool_cannot_take_is_counted_as_failed_and_the_next_one_is_written(tmp_path):
+    outbox, segments, _ = make(tmp_path)
+    bad = chunk(3)
+    bad.streams["default_agent"].fragments["infos"] = np.array([{"not": "a string"}], dtype=object)
+    outbox.add(bad)
+    outbox.add(chunk(2))
+    assert outbox.stats.chunks_failed == 1 and outbox.stats.env_steps_failed == 3
+    assert "only str and bytes can be spooled" in outbox.stats.last_error
+    assert [r.seq for r in records(segments.directory)] == [0]  # seqs number what was written
+
+
+def test_frames_are_written_as_uint8_codes(tmp_path):
     rng = np.random.default_rng(3)
-    outbox, transport, _ = make(dict(), coalesce_rows=6, coalesce_s=60, encode=True)
-    sent = []
-    transport.send = lambda sender_id, seq, c, stats: sent.append(c) or (seq, 0)
-    parts = [image_episode(rng.integers(0, 256, size=(4, 6, 6, 1)), f"e{i}") for i in range(2)]
-    for episode, _ in parts:
-        outbox.add(episodes_to_chunk([episode]))
-    (chunk_sent,) = sent
-    stream = chunk_sent.streams["default_agent"]
+    outbox, segments, _ = make(tmp_path, encode=True)
+    episode, frames = image_episode(rng.integers(0, 256, size=(4, 6, 6, 1)), "e0")
+    outbox.add(episodes_to_chunk([episode]))
+    (record,) = records(segments.directory)
+    stream = record.chunk.streams["default_agent"]
     assert stream.steps["obs"].dtype == np.uint8 and stream.encoded["steps/obs"] == (1 / 128, -1.0)
-    assert np.array_equal(stream.steps["obs"].astype(np.float32) / 128 - 1,
-                          np.concatenate([frames[:-1] for _, frames in parts]))
-    assert chunk_sent.nbytes == sum(episodes_to_chunk([e]).nbytes for e, _ in parts)
-    assert outbox._in_flight[0].chunk is chunk_sent  # a resend sends the same codes
+    np.testing.assert_array_equal(stream.steps["obs"].astype(np.float32) / 128 - 1, frames[:-1])
 
 
-def test_coalesce_bytes_counts_the_arrays_as_held_not_the_float32_stacks_they_stand_for():
-    from rllib_recorder.convert import ConvertOptions
-    from tests.helpers import image_episode, stacked_frames
+def test_stacked_frames_keep_their_stack_through_the_spool(tmp_path):
+    from tests.helpers import stacked_frames
 
     rng = np.random.default_rng(5)
     options = ConvertOptions(encode_images=True, stack_frames=True)
-    samples = [episodes_to_chunk([image_episode(stacked_frames(rng, 20, size=16), f"e{i}")[0]], options)
-               for i in range(3)]
-    one = samples[0]
-    # an Atari-like sample: uint8 newest frames, 16x fewer bytes than the float32 stacks it stands for
-    assert one.held_nbytes < one.nbytes / 8
-    assert one.held_nbytes == sum(a.nbytes for s in one.streams.values() for a in (*s.steps.values(),
-                                                                                   *s.fragments.values()))
-    outbox, transport, _ = make(dict(auto_ack=True), coalesce_rows=1000, coalesce_s=60,
-                                coalesce_bytes=2 * one.held_nbytes + 1)
-    outbox.add(samples[0])
-    outbox.add(samples[1])  # raw bytes would be far over the limit: held, not sent
-    assert transport.sent == []
-    outbox.add(samples[2])
-    assert transport.sent == [(0, 60)]
+    sample = episodes_to_chunk([image_episode(stacked_frames(rng, 20, size=16), "e0")[0]], options)
+    outbox, segments, _ = make(tmp_path)
+    outbox.add(sample)
+    (record,) = records(segments.directory)
+    sent, got = sample.streams["default_agent"], record.chunk.streams["default_agent"]
+    assert got.stacked == sent.stacked and got.encoded == sent.encoded and got.heads == sent.heads
+    for table in ("steps", "fragments"):
+        for path, values in getattr(sent, table).items():
+            if values.dtype == object:
+                assert [bytes(v) if not isinstance(v, str) else v for v in getattr(got, table)[path]] == [
+                    bytes(v) if not isinstance(v, str) else v for v in values]
+            else:
+                np.testing.assert_array_equal(getattr(got, table)[path], values)

@@ -5,19 +5,21 @@ from __future__ import annotations
 from rllib_recorder import schema
 from rllib_recorder.config import RecorderConfig
 from rllib_recorder.manifest import place_files
-from rllib_recorder.pool import Binding
+from rllib_recorder.pool import Binding, assign_writer
 
 
-def binding(node_writers):
+def binding(node_tags):
     return Binding(run_id="r", run_dir="/x", namespace="n", num_writers=2, config=RecorderConfig(),
-                   node_writers=node_writers)
+                   node_tags=node_tags)
 
 
-def test_a_runner_writes_through_a_writer_on_its_own_node():
-    b = binding({"driver": ("d0", "d1"), "a": ("a0", "a1"), "b": ("b0", "b1")})
-    assert [b.writer_for("a", k, False) for k in (1, 2, 3)] == ["a0", "a1", "a0"]
-    assert b.writer_for("b", 2, False) == "b1" and b.writer_for("b", 1, True) == "b1"  # evaluation: half-way round
-    assert b.writer_for("unknown", 1, False) == "d0"  # no writer there yet: the driver's node, nothing lost
+def test_a_runner_spools_under_its_own_nodes_file_name_for_a_writer_there():
+    b = binding({"driver": "", "a": schema.node_tag(1)})
+    assert b.stem_for("driver", 1, False) == "worker-001"
+    assert b.stem_for("a", 3, True) == "eval-worker-003.node1"
+    assert b.stem_for("unknown", 1, False) is None  # no writer there yet: the runner holds its samples
+    assert [assign_writer(k, False, 2) for k in (1, 2, 3)] == [0, 1, 0]
+    assert assign_writer(1, True, 2) == 1  # evaluation: half-way round
 
 
 def test_file_names_carry_their_node_and_place_back_onto_it():

@@ -97,7 +97,7 @@ def test_stored_returns_equal_rllibs_episode_returns(new_stack_run):
 def test_train_results_carry_recorder_metrics(new_stack_run):
     _, results, _ = new_stack_run
     metrics = results[-1]["recorder"]
-    for key in ("env_steps_stored", "raw_bytes", "disk_bytes", "chunks_in_flight", "sampler_wait_s",
+    for key in ("env_steps_stored", "raw_bytes", "disk_bytes", "steps_uncommitted", "spool_backlog_bytes", "sampler_wait_s",
                 "chunks_dropped", "errors", "policy_lag_mean", "policy_lag_hist", "writer_cpu_s"):
         assert key in metrics, key
     assert 0 < metrics["writer_cpu_s"] < 600  # the writer actor's own process, since it started

@@ -173,7 +173,8 @@ def test_full_disk_reaches_the_driver_as_one_clear_error_and_keeps_earlier_rows(
     algo.stop()
     for _ in range(30):  # the writer that could not close its file is killed by algo.stop(), asynchronously
         try:
-            counts = check_run(run_dir, "image", statuses=("running", "finished"))  # earlier rows intact
+            # earlier rows intact; the samples the full disk kept out of the spool are missing (counted as failed)
+            counts = check_run(run_dir, "image", statuses=("running", "finished"), allow_gaps=True)
             break
         except RecorderError as e:
             assert "unable to lock file" in str(e)

@@ -10,13 +10,11 @@ from rllib_recorder import schema
 from rllib_recorder.convert import episodes_to_chunk
 from rllib_recorder.index import INDEX_NAME, read_index, rebuild_index
 from rllib_recorder.manifest import write_manifest
-from rllib_recorder.outbox import Outbox
 from rllib_recorder.reader import WorkerFile
 from rllib_recorder.staleness import (chunk_learner_version, interval_rates, lag_summary, step_lags,
                                       stored_rates)
 from rllib_recorder.writer import RecordingWriter
 from tests.helpers import make_episode, update_index_many
-from tests.test_outbox import FakeClock, FakeTransport
 
 
 def test_step_lags_mark_unknown_versions_with_minus_one():
@@ -51,16 +49,6 @@ def test_rates_from_the_batch_index_and_between_results():
     assert interval_rates((0.0, 0, 0, 0), (2.0, 100, 80, 60)) == {
         "produced_steps_per_s": 50.0, "stored_steps_per_s": 40.0, "consumed_steps_per_s": 30.0}
     assert interval_rates(None, (2.0, 100, 80, 60)) == {}
-
-
-def test_outbox_never_coalesces_samples_of_different_behaviour_versions():
-    clock = FakeClock()
-    transport = FakeTransport(clock, auto_ack=True)
-    outbox = Outbox(transport, window=8, coalesce_rows=1000, coalesce_s=100.0, clock=clock, sleep=clock.sleep)
-    for version, n in [(0, 3), (0, 4), (1, 5), (1, 2), (2, 1)]:
-        outbox.add(episodes_to_chunk([make_episode(n, version=version)]))
-    outbox.flush()
-    assert transport.sent == [(0, 7), (1, 7), (2, 1)]
 
 
 def test_writer_stores_the_learner_version_finished_before_the_sample(tmp_path):

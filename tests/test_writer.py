@@ -574,40 +574,6 @@ def test_an_older_files_variable_length_commit_is_read_and_replaced_on_the_next_
         np.testing.assert_array_equal(h5["agents/default_agent/steps/obs"][:, 0], [0, 1, 2, 10, 11])
 
 
-def test_chunks_reach_a_writer_actor_inside_the_call_or_through_the_object_store_and_are_stored_alike(
-        ray_session, tmp_path):
-    # Small chunks travel pickled, in pieces Ray carries inside the actor call (pool.chunk_pieces); big ones as
-    # they are, through the object store. Both end up as the same rows.
-    import pickle
-
-    import ray
-
-    from rllib_recorder.pool import INLINE_CHUNK_BYTES, PIECE_BYTES, chunk_pieces
-
-    small = episodes_to_chunk([make_episode(2000, eps_id="a")])
-    big = episodes_to_chunk([make_episode(15000, t_started=2000, eps_id="a")])
-    pieces = chunk_pieces(small)
-    assert pieces is not None and len(pieces) == 2 and all(len(p) <= PIECE_BYTES for p in pieces)
-    assert big.nbytes > INLINE_CHUNK_BYTES and chunk_pieces(big) is None
-    actor = ray.remote(RecordingWriter).options(num_cpus=0).remote(str(tmp_path), "run-1", schema.StorageOptions())
-    try:
-        acks = [ray.get(actor.append_pieces.remote(1, False, b"s" * 32, 0, None, *pieces)),
-                ray.get(actor.append.remote(1, False, b"s" * 32, 1, big, None))]
-        with pytest.raises(ray.exceptions.RayTaskError, match="append_pieces got a dict, not a Chunk"):
-            ray.get(actor.append_pieces.remote(1, False, b"s" * 32, 2, None, pickle.dumps({"rows": 1})))
-        ray.get(actor.close.remote())
-    finally:
-        ray.kill(actor)
-    assert acks == [{"seq": 0, "duplicate": False, "rows": 2000}, {"seq": 1, "duplicate": False, "rows": 15000}]
-    with h5py.File(tmp_path / "worker-001.h5", "r") as h5:
-        steps = h5["agents/default_agent/steps"]
-        t = np.arange(17_000)
-        np.testing.assert_array_equal(steps["obs"][()], np.stack([t, -t], axis=1).astype(np.float32))
-        np.testing.assert_array_equal(steps["t"][()], t)
-        np.testing.assert_array_equal(steps["actions"][()], t % 2)
-        assert json.loads(h5.attrs["commit"]) == {"batches": 2, "agents": {"default_agent": [17_000, 2]}}
-
-
 def test_columns_are_compressed_where_it_pays_and_read_back_value_by_value(tmp_path):
     """Index tables' small columns are unfiltered (256-row chunks); a step column is gzip unless its first rows
     compress less than 1.25x (noise-like float32 observations); images and scalars with structure are gzip."""
