@@ -260,11 +260,12 @@ class Ingest:
         try:
             rows = self._store(key, sender, buffer.records)
         except Exception as e:  # noqa: BLE001 - sorted below: retry what may succeed later, refuse the rest
-            if _transient(e) or len(buffer.records) == 1 and not self._refuse(sender, buffer.records[0], e):
+            if _transient(e):
                 self._retry_later(sender, e)
                 return 0
             if len(buffer.records) > 1:
                 return self._commit_one_by_one(key, buffer)
+            self._refuse(sender, buffer.records[0], e)
             rows = 0
         sender.committed = max(sender.committed, buffer.ends[-1])
         sender.failing = None
@@ -283,17 +284,16 @@ class Ingest:
             try:
                 rows += self._store(key, sender, [record])
             except Exception as e:  # noqa: BLE001
-                if _transient(e) or not self._refuse(sender, record, e):
+                if _transient(e):
                     self._retry_later(sender, e)
                     return rows
+                self._refuse(sender, record, e)
             sender.committed = max(sender.committed, end)
         sender.failing = None
         return rows
 
-    def _refuse(self, sender: _Sender, record: Record, error: Exception) -> bool:
-        """Counts a chunk whose data the writer can never store (not a passing failure); False if it isn't one."""
-        if record.chunk is None:
-            return False
+    def _refuse(self, sender: _Sender, record: Record, error: Exception) -> None:
+        """Counts a chunk (buffered records all hold one) whose data the writer can never store."""
         sender.refused_steps += record.chunk.env_steps
         sender.refused_error = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:300]}"
         self.errors += 1
@@ -303,7 +303,6 @@ class Ingest:
                          "refused, recording goes on (further refusals are only counted)", sender.stem,
                          sender.refused_error, record.chunk.env_steps)
         self.report(sender.key, self._sender_stats(sender))
-        return True
 
     @staticmethod
     def _refusals(sender: _Sender) -> dict[str, Any]:

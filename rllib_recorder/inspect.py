@@ -108,10 +108,17 @@ def _verify_file(f: Any) -> list[str]:
     if commit["batches"] and len(batches["seq"]) != commit["batches"]:
         problems.append(f"batch index has {len(batches['seq'])} rows, commit says {commit['batches']}")
     for sender in set(batches.get("sender_id", np.array([])).tolist()):
-        seqs = np.sort(batches["seq"][batches["sender_id"] == sender])
-        if len(np.unique(seqs)) != len(seqs):
+        # 2.1 numbers samples: a batch row commits seq .. seq + num_samples - 1 (as schema.committed_upto reads);
+        # earlier files (no sender counter columns) number their chunks
+        mine = batches["sender_id"] == sender
+        per_sample = "sender_env_steps_sampled" in batches and "num_samples" in batches
+        counts = batches["num_samples"][mine] if per_sample else np.ones(int(mine.sum()), np.int64)
+        order = np.argsort(batches["seq"][mine], kind="stable")
+        seqs, counts = batches["seq"][mine][order], counts[order]
+        starts = np.concatenate([[0], (seqs + counts)[:-1]])
+        if len(np.unique(seqs)) != len(seqs) or (seqs < starts).any():
             problems.append(f"sender {sender.decode()}: duplicate sequence numbers")
-        if len(seqs) and not np.array_equal(np.unique(seqs), np.arange(len(np.unique(seqs)))):
+        if (seqs > starts).any():
             problems.append(f"sender {sender.decode()}: gaps in sequence numbers {seqs.tolist()[:20]}")
     for agent in f.agents:
         rows, _ = commit["agents"].get(agent, (0, 0))

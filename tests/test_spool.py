@@ -145,6 +145,20 @@ def test_small_samples_are_committed_together_once_enough_rows_wait(tmp_path):
     assert index["sender_env_steps_sampled"].tolist() == [-1]  # this outbox has no sampled counter
 
 
+def test_verify_reads_coalesced_batches_as_contiguous_samples(tmp_path):
+    from rllib_recorder.inspect import _verify_file
+    from rllib_recorder.reader import WorkerFile
+
+    run_dir, clock = str(tmp_path / "run"), Clock()
+    out, spool = runner(run_dir), writer(run_dir, clock, coalesce_rows=10, coalesce_s=60)
+    for i in range(8):  # two commits of four samples each: seq 0 and 4
+        out.add(sample(3, 3 * i, at=clock.now))
+        spool.poll()
+    spool.close()
+    assert batches(run_dir)["seq"].tolist() == [0, 4]
+    assert _verify_file(WorkerFile(os.path.join(run_dir, "worker-001.h5"))) == []
+
+
 def test_a_lone_sample_is_committed_within_coalesce_s_without_another_sample_following(tmp_path):
     run_dir, clock = str(tmp_path / "run"), Clock()
     out, spool = runner(run_dir), writer(run_dir, clock, coalesce_rows=4096, coalesce_s=2.0)
