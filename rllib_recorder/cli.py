@@ -109,18 +109,23 @@ def _experiment_table(summary: dict[str, Any]) -> str:
 @main.command()
 @click.argument("run_dir", type=click.Path())
 def verify(run_dir: str) -> None:
-    """Check a RUN_DIR: schema, row counts, sequence numbers, episode continuity. Exit 0 only if sound.
+    """Check a RUN_DIR: schema, row counts, sequence numbers, episode continuity, and that every sampled env
+    step is stored or counted as lost (by cause). Exit 0 only if sound.
 
     Example: rllib-recorder verify recordings/PPO_CartPole-v1_20261130-120000_ab12cd
     """
-    from rllib_recorder.inspect import verify_run
+    from rllib_recorder.inspect import verify_report
 
-    problems = _guard(lambda: verify_run(run_dir))
-    for problem in problems:
+    report = _guard(lambda: verify_report(run_dir))
+    for problem in report["problems"]:
         click.echo(f"problem: {problem}")
-    if problems:
+    for note in report["notes"]:
+        click.echo(f"not stored: {note}")
+    if report["summary"]:
+        click.echo(report["summary"])
+    if report["problems"]:
         sys.exit(1)
-    click.echo(f"ok: {run_dir} is sound")
+    click.echo(f"ok: {run_dir} is sound" + (" (with the losses counted above)" if report["notes"] else ""))
 
 
 @main.command()

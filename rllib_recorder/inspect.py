@@ -8,9 +8,13 @@ from typing import Any
 
 import numpy as np
 
-from rllib_recorder import schema
+from rllib_recorder import accounting, schema
 from rllib_recorder.reader import open_run
 from rllib_recorder.staleness import count_lags, lag_summary, stored_rates
+
+
+# Manifest states of a run whose recording ended (on a stop, an exit or a signal, or repaired by recover).
+ENDED = ("finished", "interrupted", "recovered")
 
 
 def summarize(run_dir: str) -> dict[str, Any]:
@@ -78,16 +82,26 @@ def _file_summary(f: Any) -> tuple[int, int, list[float]]:
 
 def verify_run(run_dir: str) -> list[str]:
     """Every problem found in a run (empty when it is sound)."""
+    return verify_report(run_dir)["problems"]
+
+
+def verify_report(run_dir: str) -> dict[str, Any]:
+    """``problems`` (the run is not sound), ``notes`` (steps counted as not stored, by cause) and ``summary``
+    (``all N sampled env steps stored``, or how many are)."""
     problems: list[str] = []
     with open_run(run_dir) as run:
-        if run.manifest.get("status") not in ("finished", "recovered"):
+        if run.manifest.get("status") not in ENDED:
             problems.append(f"manifest status is {run.manifest.get('status')!r}, not 'finished' "
                             "(run 'rllib-recorder recover' if its driver was killed)")
         problems += _missing_files(run)
+        stored = 0
         for f in run.files:
             with schema.damaged_file_errors(f.path):
                 problems += [f"{os.path.basename(f.path)}: {p}" for p in _verify_file(f)]
-    return problems
+                stored += int(f.batches()["env_steps"].sum()) if f.commit["batches"] else 0
+        runs = accounting.accounts(run.manifest, run.files)
+        gaps, notes = accounting.check(runs, stored)
+    return {"problems": problems + gaps, "notes": notes, "summary": accounting.summary_line(runs)}
 
 
 def _missing_files(run: Any) -> list[str]:

@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from rllib_recorder.accounting import not_stored_by_sender
 from rllib_recorder.convert import Chunk, encode_images
 from rllib_recorder.errors import ConversionError
 from rllib_recorder.spoolfile import KIND_CHUNK, KIND_END, KIND_STATS, SegmentWriter, encode_record
@@ -85,8 +86,11 @@ class Outbox:
     def add(self, chunk: Chunk) -> None:
         """Writes one sample's chunk into the spool (after waiting for room if the backlog is full)."""
         self.stats.samples += 1
-        if self.encode:
-            chunk = encode_images(chunk)
+        try:
+            chunk = encode_images(chunk) if self.encode else chunk
+        except Exception as e:  # noqa: BLE001 - a column that can't be encoded is counted, never raised
+            self._count_failed(chunk, e)
+            return
         cause = self._make_room()
         if cause is not None:
             self._count_drop(chunk, cause)
@@ -115,7 +119,9 @@ class Outbox:
         return self.stats_dict()
 
     def stats_dict(self) -> dict[str, Any]:
-        return {**self.stats.as_dict(), **self.extra_stats(), "sender_id": self.sender_id}
+        stats = {**self.stats.as_dict(), **self.extra_stats(), "sender_id": self.sender_id}
+        stats["env_steps_not_stored"] = not_stored_by_sender(stats)
+        return stats
 
     def _meta(self, chunk: Chunk | None = None) -> dict[str, Any]:
         stats = self.stats_dict()

@@ -154,15 +154,13 @@ class RunnerRecorder:
         if not self.enabled:
             return
         self.sampled["samples"] += 1
-        self.sampled["env_steps"] += _env_steps(samples)
-        now = time.time()
-        if isinstance(samples, list):
-            chunk = episodes_to_chunk(samples, self.options, sampled_at_s=now)
-            for episode in samples:  # stored now: do not ship start states on to the learner
-                getattr(episode, "custom_data", {}).pop(START_STATE_KEY, None)
-        else:
-            version = getattr(env_runner, "weights_seq_no", None)
-            chunk = batch_to_chunk(samples, self.options, -1 if version is None else int(version), now)
+        steps = _env_steps(samples)
+        self.sampled["env_steps"] += steps
+        try:
+            chunk = self._convert(samples, env_runner)
+        except Exception:  # counted here as not stored; the callback counts and logs the error itself
+            self.sampled["env_steps_unconvertible"] += steps
+            raise
         if not chunk.streams:
             self.sampled["env_steps_empty"] += chunk.env_steps  # e.g. episodes of length 0: nothing to store
             return
@@ -174,6 +172,16 @@ class RunnerRecorder:
             self._unbound.append(chunk)
             return
         self.outbox.add(chunk)
+
+    def _convert(self, samples: Any, env_runner: Any) -> Chunk:
+        now = time.time()
+        if isinstance(samples, list):
+            chunk = episodes_to_chunk(samples, self.options, sampled_at_s=now)
+            for episode in samples:  # stored now: do not ship start states on to the learner
+                getattr(episode, "custom_data", {}).pop(START_STATE_KEY, None)
+            return chunk
+        version = getattr(env_runner, "weights_seq_no", None)
+        return batch_to_chunk(samples, self.options, -1 if version is None else int(version), now)
 
     def count_error(self, kind: str) -> None:
         self.errors[kind] += 1
@@ -188,6 +196,7 @@ class RunnerRecorder:
                 "env_steps_sampled": self.sampled["env_steps"], "samples_sampled": self.sampled["samples"],
                 "env_steps_empty": self.sampled["env_steps_empty"],
                 "env_steps_unbound_dropped": self.sampled["env_steps_unbound_dropped"],
+                "env_steps_unconvertible": self.sampled["env_steps_unconvertible"],
                 "errors": sum(self.errors.values()), "error_kinds": dict(self.errors),
                 "unbound_chunks": len(self._unbound)}
 

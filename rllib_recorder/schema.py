@@ -54,11 +54,12 @@ BATCH_COLUMNS = {
     "raw_bytes": "bytes of the chunk's arrays before compression",
     "sender_env_steps_sampled": "env steps the sender had sampled (every on_sample_end, stored or not) up to "
                                 "and including this chunk's last sample (schema 2.1; see 'Completeness')",
-    "sender_env_steps_dropped": "env steps the sender had dropped by then (backpressure, a full spool) "
-                                "(schema 2.1)",
+    "sender_env_steps_not_stored": "env steps the sender had sampled but could not hand over by then "
+                                   "(back-pressure drops, a full disk, unconvertible samples) (schema 2.1)",
 }
 # Sender counters a 2.1 batch row keeps (from the record's sender stats), so that verify finds gaps from the file.
-SENDER_COUNTERS = {"sender_env_steps_sampled": "env_steps_sampled", "sender_env_steps_dropped": "env_steps_dropped"}
+SENDER_COUNTERS = {"sender_env_steps_sampled": "env_steps_sampled",
+                   "sender_env_steps_not_stored": "env_steps_not_stored"}
 STEP_COLUMNS = {
     "obs": "observation the action was computed from (nested spaces: a group)",
     "actions": "action taken (nested spaces: a group)",

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from rllib_recorder import ConfigError, OutputDirError, RecorderCallback, RecorderConfig, RecorderError
 from rllib_recorder.cli import main
 from rllib_recorder.reader import open_run
+from rllib_recorder.inspect import verify_report
 from tests.integrity import check_run
 from tests.test_recording import ppo, record
 
@@ -40,11 +41,19 @@ def test_recorder_error_is_counted_and_never_kills_the_env_runner(ray_session, t
     algo = config.build_algo()
     results = [algo.train() for _ in range(2)]
     totals = algo.stop() or _manifest_totals(results[-1]["recorder"]["run_dir"])
-    # the writer refuses the chunk when it commits it (up to coalesce_s after sampling): counted by the end
+    # the runner can't convert a sample holding such an id: counted as an error and as unconvertible steps
     assert totals["errors"] >= 1, totals
     assert results[-1]["env_runners"]["num_env_steps_sampled_lifetime"] >= 160  # the runner kept sampling
     faults = results[-1]["fault_tolerance"]
     assert faults["num_remote_worker_restarts"] == 0 and faults["num_healthy_workers"] == 1
+    # every sampled step is counted as not stored, by cause (each sample had a mangled episode): no
+    # unexplained gap, but a run with nothing stored is not sound
+    report = verify_report(results[-1]["recorder"]["run_dir"])
+    assert report["problems"] == ["no env steps are stored in this run"], report
+    assert report["notes"] and all("could not be converted" in n for n in report["notes"]), report
+    sender, = totals["senders"].values() if len(totals["senders"]) == 1 else [
+        s for s in totals["senders"].values() if s["env_steps_sampled"]]
+    assert sender["env_steps_unconvertible"] == sender["env_steps_sampled"] >= 160
 
 
 def test_fail_on_error_stops_training_with_a_recorder_error(ray_session, tmp_path):

@@ -301,3 +301,59 @@ def open_run_dir(run_dir):
     write_manifest(run_dir, {"format": "rllib_recorder", "schema_version": SCHEMA_VERSION, "status": "finished",
                              "run_id": "run-1"})
     return open_run(run_dir)
+
+
+def _counting_runner(run_dir, **kwargs):
+    """An outbox whose runner counts what it sampled, as RunnerRecorder does (sampled before anything can fail)."""
+    sampled = {"env_steps_sampled": 0}
+    out = runner(run_dir, extra_stats=lambda: dict(sampled), **kwargs)
+
+    def add(chunk):
+        sampled["env_steps_sampled"] += chunk.env_steps
+        out.add(chunk)
+    return out, add
+
+
+def _finish(run_dir, spool, totals=None):
+    from rllib_recorder.manifest import write_manifest
+
+    stats = spool.close()
+    write_manifest(run_dir, {"format": "rllib_recorder", "schema_version": "2.1", "status": "finished",
+                             "totals": totals(stats) if totals else {}})
+    return stats
+
+
+def test_verify_names_backpressure_drops_by_cause_and_counts_every_sampled_step(tmp_path):
+    from rllib_recorder.inspect import verify_report
+
+    run_dir, clock = str(tmp_path / "run"), Clock()
+    out, add = _counting_runner(run_dir, policy="drop", max_backlog_bytes=1)  # the second sample finds it full
+    spool = writer(run_dir, clock, coalesce_rows=0)
+    for i in range(4):
+        add(sample(5, 5 * i, at=clock.now))
+        spool.poll()
+    out.close()
+    _finish(run_dir, spool, lambda stats: {"senders": stats["runners"]})
+    report = verify_report(run_dir)
+    assert report["problems"] == [], report
+    assert report["summary"].startswith("5 of 20 sampled env steps stored"), report
+    note, = report["notes"]
+    assert "15 of 20 sampled env steps not stored: dropped by back-pressure" in note
+    assert "backpressure='drop': 15 steps" in note
+
+
+def test_verify_finds_a_gap_from_the_file_alone_when_the_manifest_has_no_totals(tmp_path):
+    """A driver killed before it wrote totals: the batch rows' sender counters still show what was sampled."""
+    from rllib_recorder.inspect import verify_report
+
+    run_dir, clock = str(tmp_path / "run"), Clock()
+    out, add = _counting_runner(run_dir)
+    spool = writer(run_dir, clock, coalesce_rows=0)
+    add(sample(5, 0, at=clock.now))
+    spool.poll()
+    _finish(run_dir, spool)
+    assert verify_report(run_dir)["summary"] == "all 5 sampled env steps stored (1 env runner incarnation(s))"
+    with h5py.File(os.path.join(run_dir, "worker-001.h5"), "a", locking=False) as h5:  # as if 3 had been lost
+        h5["batches/sender_env_steps_sampled"][0] = 8
+    problems = verify_report(run_dir)["problems"]
+    assert len(problems) == 1 and "3 of 8 sampled env steps are neither stored nor counted as lost" in problems[0]

@@ -1,0 +1,148 @@
+"""Completeness: what each env runner sampled against what the run's files hold, and why any difference.
+
+Every env-runner incarnation (a *sender*) counts each ``on_sample_end`` payload before anything can fail, and
+counts each step it could not hand over by cause. Its counters reach the writer with every spool record, the
+manifest's ``totals.senders`` at the end, and (schema 2.1) every batch row it committed, so a run is accounted
+from its manifest where the driver closed it and from its files alone where it did not (a driver killed, then
+``recover``). ``verify`` prints the accounts; an unexplained difference is a problem, a counted one is named.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+
+# Per-sender counters of steps that were sampled but not stored, and how ``verify`` names them.
+CAUSES = {
+    "env_steps_dropped": "dropped by back-pressure (the spool backlog was full: backpressure='drop', or 'block' "
+                         "that gave up after drain_timeout_s)",
+    "env_steps_failed": "failed to reach the spool (a full or unwritable disk)",
+    "env_steps_unconvertible": "could not be converted (see the env runner's log)",
+    "env_steps_unbound_dropped": "sampled before the runner was bound to a writer, past the 64 samples it holds",
+    "env_steps_refused": "refused by the writer as data it can never store",
+}
+# Sender-side causes: the ones an env runner knows of itself (a writer's refusals are counted by the writer).
+SENDER_CAUSES = tuple(k for k in CAUSES if k != "env_steps_refused")
+DROP_CAUSES = {"backpressure_drop": "backpressure='drop'", "block_timeout": "backpressure='block' timed out",
+               "writer_not_consuming": "the writer stopped consuming"}
+
+
+def not_stored_by_sender(stats: dict[str, Any]) -> int:
+    """Env steps a sender's own counters say it could not hand over (what batch rows carry, schema 2.1)."""
+    return sum(int(stats.get(key) or 0) for key in SENDER_CAUSES)
+
+
+@dataclass
+class Account:
+    """One sender's steps: sampled, stored, and each counted cause of the difference."""
+
+    sender: str  # "<file stem>/<sender id>"
+    sampled: int = 0
+    stored: int = 0
+    lost: dict[str, int] = field(default_factory=dict)
+    known: bool = False  # its sampled count is known (from the manifest or 2.1 batch rows)
+    unacked: str | None = None  # why its handed-over samples were still in the spool at stop
+    detail: str | None = None  # e.g. the refusal's error, the drop causes
+
+    @property
+    def unexplained(self) -> int:
+        return self.sampled - self.stored - sum(self.lost.values())
+
+
+def accounts(manifest: dict[str, Any], files: Iterable[Any]) -> list[Account]:
+    """One account per sender that sampled anything, from the manifest's totals and the files' batch rows."""
+    totals = manifest.get("totals") if isinstance(manifest.get("totals"), dict) else {}
+    senders = totals.get("senders") if isinstance(totals.get("senders"), dict) else {}
+    leftovers = totals.get("spool_leftovers") if isinstance(totals.get("spool_leftovers"), dict) else {}
+    by_id: dict[str, Account] = {}
+    for key, stats in senders.items():
+        if isinstance(stats, dict):
+            account = by_id.setdefault(_sender_id(key), Account(key))
+            account.sampled = max(account.sampled, int(stats.get("env_steps_sampled") or 0))
+            account.known = "env_steps_sampled" in stats
+            account.lost = {k: int(stats.get(k) or 0) for k in CAUSES if int(stats.get(k) or 0) > 0}
+            account.detail = _detail(stats)
+    for f in files:
+        for sender, stored, sampled, not_stored in _file_counts(f):
+            stem = os.path.basename(f.path)[:-len(".h5")]
+            account = by_id.setdefault(sender, Account(f"{stem}/{sender}"))
+            account.stored += stored
+            account.sampled = max(account.sampled, sampled)
+            account.known = account.known or sampled >= 0
+            if not_stored > sum(account.lost.get(k, 0) for k in SENDER_CAUSES):  # file newer than the manifest
+                account.lost = {"not_stored": not_stored}
+    for key, why in leftovers.items():
+        by_id.setdefault(_sender_id(key), Account(key)).unacked = str(why)
+    return [a for _, a in sorted(by_id.items(), key=lambda kv: kv[1].sender) if a.sampled or a.stored or a.unacked]
+
+
+def check(accounts_: list[Account], stored_total: int) -> tuple[list[str], list[str]]:
+    """(problems, notes): unexplained gaps, unacknowledged samples and an empty run are problems."""
+    problems, notes = [], []
+    for a in accounts_:
+        if a.unacked:
+            problems.append(f"{a.sender}: samples handed over but not committed at stop ({a.unacked}); "
+                            "'rllib-recorder recover' commits them")
+            continue
+        if not a.known:  # written before schema 2.1, or by hand: nothing to check it against
+            continue
+        if a.unexplained > 0:
+            problems.append(f"{a.sender}: {a.unexplained} of {a.sampled} sampled env steps are neither stored nor "
+                            "counted as lost (lost with a killed process, or a bug: please report it)")
+        elif a.unexplained < 0:
+            problems.append(f"{a.sender}: {a.stored} env steps stored but only {a.sampled} sampled")
+        for cause, steps in sorted(a.lost.items()):
+            why = CAUSES.get(cause, "counted as not stored by the env runner")
+            notes.append(f"{a.sender}: {steps} of {a.sampled} sampled env steps not stored: {why}"
+                         + (f" ({a.detail})" if a.detail else ""))
+    if stored_total == 0:
+        problems.append("no env steps are stored in this run")
+    return problems, notes
+
+
+def summary_line(accounts_: list[Account]) -> str | None:
+    """`all N sampled steps stored`, or how many of them are (None when nothing was accounted)."""
+    accounts_ = [a for a in accounts_ if a.known]
+    if not accounts_:
+        return None
+    sampled, stored = sum(a.sampled for a in accounts_), sum(a.stored for a in accounts_)
+    runners = len(accounts_)
+    if stored == sampled and not any(a.lost for a in accounts_):
+        return f"all {sampled} sampled env steps stored ({runners} env runner incarnation(s))"
+    return f"{stored} of {sampled} sampled env steps stored ({runners} env runner incarnation(s))"
+
+
+def _sender_id(key: str) -> str:
+    return str(key).rsplit("/", 1)[-1]
+
+
+def _detail(stats: dict[str, Any]) -> str | None:
+    parts = []
+    causes = stats.get("drop_causes")
+    if isinstance(causes, dict) and causes:
+        parts += [f"{DROP_CAUSES.get(c, c)}: {n} steps" for c, n in sorted(causes.items())]
+    if stats.get("refused_error"):
+        parts.append(f"refused: {stats['refused_error']}")
+    return "; ".join(parts) or None
+
+
+def _file_counts(f: Any) -> list[tuple[str, int, int, int]]:
+    """Per sender of one file: (sender id, env steps stored, newest sampled counter (-1: unknown), newest
+    not-stored counter)."""
+    if not f.commit["batches"]:
+        return []
+    batches = f.batches()
+    if "sender_id" not in batches:
+        return []
+    out = []
+    ids = batches["sender_id"]
+    for sender in np.unique(ids):
+        mine = ids == sender
+        sampled = int(batches["sender_env_steps_sampled"][mine].max()) if "sender_env_steps_sampled" in batches else -1
+        not_stored = int(batches["sender_env_steps_not_stored"][mine].max()) \
+            if "sender_env_steps_not_stored" in batches else 0
+        out.append((sender.decode(), int(batches["env_steps"][mine].sum()), sampled, max(not_stored, 0)))
+    return out
