@@ -19,9 +19,10 @@ import ray
 
 from rllib_recorder import lifecycle
 from rllib_recorder.config import RecorderConfig
-from rllib_recorder.learner import hook_learners
 from rllib_recorder.errors import OutputDirError, RecorderError
 from rllib_recorder.index import entry_from_manifest, update_run
+from rllib_recorder.learner import hook_learners
+from rllib_recorder.liveness import process_start
 from rllib_recorder.manifest import now_iso, versions, write_manifest
 from rllib_recorder.pool import Binding, WriterPool, current_node_id
 from rllib_recorder.runner import bind_env_runner, drain_env_runner, recorder_for, runner_node_id
@@ -301,7 +302,7 @@ class RunRecorder:
             "trial_name": tune_trial(tune_names(algorithm)[1])[0], "trial_id": tune_trial(tune_names(algorithm)[1])[1],
             "experiment": tune_names(algorithm)[0],
             "spaces": _spaces(algorithm), "recorder": self.config.to_dict(),
-            "driver_host": socket.gethostname(), "driver_pid": os.getpid(),
+            "driver_host": socket.gethostname(), "driver_pid": os.getpid(), "driver_started": process_start(),
         }
 
     def _rates(self, stored: int, result: dict[str, Any]) -> dict[str, Any]:

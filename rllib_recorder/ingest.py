@@ -19,13 +19,13 @@ from typing import Any, Callable
 
 from rllib_recorder.convert import Chunk, merge_chunks
 from rllib_recorder.errors import SchemaError, WriterError
+from rllib_recorder.liveness import HEARTBEAT_NAME, heartbeat_owner
 from rllib_recorder.spoolfile import (
     KIND_CHUNK, KIND_END, SPOOL_DIR, Record, parse_stem, read_record, segment_name, segments_of, sender_dirs,
 )
 
 logger = logging.getLogger(__name__)
 
-HEARTBEAT_NAME = ".heartbeat"
 HEARTBEAT_EVERY_S = 1.0
 RETRY_AFTER_S = 5.0
 
@@ -364,8 +364,9 @@ class Ingest:
         for stem in {s.stem for s in self.senders.values()}:
             path = os.path.join(self.root, stem, HEARTBEAT_NAME)
             try:
-                with open(path, "a"):
-                    pass
+                with open(path, "a") as f:
+                    if f.tell() == 0:  # who the writer is, for recover's liveness check
+                        f.write(heartbeat_owner())
                 os.utime(path, (now, now))
             except OSError:  # the runner then waits at most drain_timeout_s
                 pass

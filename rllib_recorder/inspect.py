@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from rllib_recorder import accounting, schema
+from rllib_recorder import accounting, liveness, schema
 from rllib_recorder.reader import open_run
 from rllib_recorder.staleness import count_lags, lag_summary, stored_rates
 
@@ -35,7 +35,7 @@ def summarize(run_dir: str) -> dict[str, Any]:
         raw = totals.get("raw_bytes") or 0
         return {
             "run_dir": run_dir, "trial": manifest.get("trial_name") or manifest.get("trial"),
-            "status": manifest.get("status"), "algorithm": manifest.get("algorithm"),
+            "status": _status(run_dir, manifest), "algorithm": manifest.get("algorithm"),
             "env": manifest.get("env"), "api_stack": manifest.get("api_stack"),
             "started_at": manifest.get("started_at"), "finished_at": manifest.get("finished_at"),
             "files": len(run.files), "nodes": manifest.get("nodes"), "env_steps": steps,
@@ -48,6 +48,11 @@ def summarize(run_dir: str) -> dict[str, Any]:
             "policy_lag": lag_summary(lags),
             "rates": run_rates(run, totals),
         }
+
+
+def _status(run_dir: str, manifest: dict[str, Any]) -> Any:
+    live = liveness.recording_now(run_dir, manifest)
+    return manifest.get("status") if live is None else f"recording ({live})"
 
 
 def run_rates(run: Any, totals: dict[str, Any]) -> dict[str, Any]:
@@ -90,7 +95,8 @@ def verify_report(run_dir: str) -> dict[str, Any]:
     (``all N sampled env steps stored``, or how many are)."""
     problems: list[str] = []
     with open_run(run_dir) as run:
-        if run.manifest.get("status") not in ENDED:
+        live = liveness.recording_now(run_dir, run.manifest)
+        if live is None and run.manifest.get("status") not in ENDED:
             problems.append(f"manifest status is {run.manifest.get('status')!r}, not 'finished' "
                             "(run 'rllib-recorder recover' if its driver was killed)")
         problems += _missing_files(run)
@@ -100,8 +106,11 @@ def verify_report(run_dir: str) -> dict[str, Any]:
                 problems += [f"{os.path.basename(f.path)}: {p}" for p in _verify_file(f)]
                 stored += int(f.batches()["env_steps"].sum()) if f.commit["batches"] else 0
         runs = accounting.accounts(run.manifest, run.files)
-        gaps, notes = accounting.check(runs, stored)
-    return {"problems": problems + gaps, "notes": notes, "summary": accounting.summary_line(runs)}
+        gaps, notes = accounting.check(runs, stored, ended=live is None)
+    summary = accounting.summary_line(runs)
+    if live is not None:  # the rest is still in the runners' spools: accounted when the run ends
+        summary = f"recording now ({live}); checked what is committed so far" + (f": {summary}" if summary else "")
+    return {"problems": problems + gaps, "notes": notes, "summary": summary, "recording": live}
 
 
 def _missing_files(run: Any) -> list[str]:

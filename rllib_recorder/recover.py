@@ -6,10 +6,11 @@ import glob
 import os
 from typing import Any
 
-
 from rllib_recorder import h5repair, probe, schema
 from rllib_recorder.errors import SchemaError
+from rllib_recorder.liveness import recording_now
 from rllib_recorder.manifest import now_iso, place_files, read_manifest, write_manifest
+from rllib_recorder.spoolfile import sender_dirs
 
 RECOVERED = "recovered"
 
@@ -23,7 +24,7 @@ def commit_spools(run_dir: str, run_id: str, config: Any = None) -> list[dict[st
     """
     from rllib_recorder.config import RecorderConfig
     from rllib_recorder.pool import SpoolWriter
-    from rllib_recorder.spoolfile import parse_stem, sender_dirs
+    from rllib_recorder.spoolfile import parse_stem
 
     config = config if config is not None else RecorderConfig()
     tags = sorted({parse_stem(stem)[2] for stem, _, _ in sender_dirs(run_dir)})  # type: ignore[index]
@@ -47,26 +48,59 @@ def recover_run(run_dir: str) -> dict[str, Any]:
         raise SchemaError(f"{run_dir} is not a directory; pass the run directory (it holds manifest.json)")
     manifest = read_manifest(run_dir)
     schema.check_version(manifest.get("schema_version"), os.path.join(run_dir, "manifest.json"))
-    unfinished = manifest.get("status") != "finished"
+    live = recording_now(run_dir, manifest)
+    if live is not None:
+        raise SchemaError(f"{run_dir} is recording ({live}); recover only a run whose driver has died: let it "
+                          "finish, or stop it first")
+    spooled = next(sender_dirs(run_dir), None) is not None
+    unfinished = manifest.get("status") != "finished" or spooled
     removed = _remove_leftovers(run_dir)
     files: dict[str, Any] = {}
     for path in sorted(glob.glob(os.path.join(run_dir, "*.h5"))):
         files[os.path.basename(path)] = recover_file(path, rewrite=unfinished)
+    committed = commit_spools(run_dir, str(manifest.get("run_id") or ""), _config(manifest)) if spooled else []
+    for path in sorted(glob.glob(os.path.join(run_dir, "*.h5"))) if committed else []:  # new files, new rows
+        files[os.path.basename(path)] = recover_file(path, rewrite=False)
     report = {
         "run_dir": run_dir, "status_before": manifest.get("status"), "files": files,
         "removed_temporary_files": removed,
         "env_steps": sum(f.get("env_steps", 0) for f in files.values()),
+        "spool_env_steps_committed": sum(int(s.get("env_steps", 0)) for s in committed),
     }
     if unfinished:
         manifest.update(
             status=RECOVERED, recovered_at=now_iso(), finished_at=manifest.get("finished_at") or now_iso(),
             files=place_files([n for n, f in files.items() if not f.get("renamed_to")],
                               manifest.get("writer_nodes") or {}),
+            totals=_totals(manifest, committed, report["env_steps"]),
             recovery={k: v for k, v in report.items() if k != "run_dir"},
         )
         write_manifest(run_dir, manifest)
     report["status"] = manifest["status"]
     return report
+
+
+def _config(manifest: dict[str, Any]) -> Any:
+    """The run's own recorder settings (they decide how its rows are stored), or the defaults if unreadable."""
+    from rllib_recorder.config import RecorderConfig
+
+    settings = manifest.get("recorder")
+    try:
+        return RecorderConfig.from_dict(settings) if isinstance(settings, dict) else RecorderConfig()
+    except Exception:  # noqa: BLE001 - a manifest from another version: its layout settings are in the files
+        return RecorderConfig()
+
+
+def _totals(manifest: dict[str, Any], committed: list[dict[str, Any]], env_steps: int) -> dict[str, Any]:
+    """The manifest's totals with what recovery committed: the senders' last counters and what is still left."""
+    totals = dict(manifest.get("totals")) if isinstance(manifest.get("totals"), dict) else {}
+    senders = dict(totals.get("senders")) if isinstance(totals.get("senders"), dict) else {}
+    for stats in committed:
+        senders.update(stats.get("runners") or {})
+    leftovers = {k: v for s in committed for k, v in (s.get("spool_leftovers") or {}).items()}
+    totals.update(senders=senders, spool_leftovers=leftovers, unacked_at_stop=len(leftovers),
+                  env_steps_stored=env_steps)
+    return totals
 
 
 def recover_file(path: str, rewrite: bool = True) -> dict[str, Any]:

@@ -127,6 +127,8 @@ def test_killed_driver_leaves_files_that_recover_makes_whole(tmp_path):
     assert result.exit_code == 0, result.output
     result = runner.invoke(main, ["verify", run_dir])
     assert result.exit_code == 0, result.output
+    # what the runner handed to its spool before the kill is committed by recover: every sampled step
+    assert "sampled env steps stored" in result.output and "all " in result.output, result.output
     counts = check_run(run_dir, statuses=("recovered",))
     with open_run(run_dir) as run:
         assert run.manifest["status"] == "recovered"

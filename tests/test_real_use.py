@@ -1,0 +1,177 @@
+"""Runs end the way users' runs end: the user's script as a child process (no ``algo.stop()``, an exception,
+``ray.shutdown()`` first, Ctrl-C, SIGTERM, SIGKILL of the driver) and env runners SIGKILLed while they sample,
+with the default settings, at random moments. Every case checks that each step an env runner's ``sample()``
+returned is stored: the accounting's ``all N sampled env steps stored`` against RLlib's own count."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from rllib_recorder import RecorderCallback
+from rllib_recorder.cli import main
+from rllib_recorder.inspect import verify_report
+from rllib_recorder.manifest import read_manifest
+from tests.integrity import check_run
+from tests.test_recording import ppo
+from tests.test_reliability import _session_pids
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ALL_STORED = re.compile(r"all (\d+) sampled env steps stored")
+
+
+def _start(mode: str, out: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    return subprocess.Popen([sys.executable, "-m", "tests.user_program", mode, out], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _progress(proc: subprocess.Popen, lines: int | None = None) -> list[dict]:
+    """The child's progress lines: the first ``lines`` of them, or all until it exits."""
+    out = []
+    while lines is None or len(out) < lines:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if line.startswith("{"):
+            out.append(json.loads(line))
+    return out
+
+
+def _stored_all(run_dir: str) -> int:
+    """Verify the run as a user would; returns N of 'all N sampled env steps stored'."""
+    result = CliRunner().invoke(main, ["verify", run_dir])
+    assert result.exit_code == 0, result.output
+    found = ALL_STORED.search(result.output)
+    assert found, result.output
+    check_run(run_dir, statuses=("finished", "interrupted", "recovered"))  # every row, value by value
+    return int(found.group(1))
+
+
+def _wait(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str]:
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        pytest.fail(f"the user's program did not end within {timeout} s: {err[-2000:]}")
+    return proc.returncode, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, status, ended_by", [
+    ("end", "finished", "the program ended without algo.stop()"),
+    ("raise", "interrupted", "uncaught RuntimeError: a bug in the user's loop"),
+    ("shutdown", "finished", "ray.shutdown() before algo.stop()"),
+])
+def test_a_script_that_never_stops_its_algorithm_stores_every_sampled_step(tmp_path, mode, status, ended_by):
+    proc = _start(mode, str(tmp_path / "rec"))
+    progress = _progress(proc)
+    code, err = _wait(proc)
+    assert (code != 0) == (mode == "raise"), err[-2000:]
+    run_dir = progress[-1]["run_dir"]
+    manifest = read_manifest(run_dir)
+    assert (manifest["status"], manifest["ended_by"]) == (status, ended_by)
+    # nothing sampled after the last train(): stored is exactly what RLlib sampled and trained on
+    assert _stored_all(run_dir) == progress[-1]["sampled"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum, ended_by", [(signal.SIGINT, "KeyboardInterrupt"), (signal.SIGTERM, "SIGTERM")])
+def test_ctrl_c_or_sigterm_at_a_random_moment_stores_every_sampled_step(tmp_path, signum, ended_by):
+    proc = _start("loop", str(tmp_path / "rec"))
+    try:
+        progress = _progress(proc, 2)
+        assert len(progress) == 2, proc.stderr.read()[-2000:]
+        time.sleep(random.uniform(0.0, 1.0))  # inside train(): runners sampling, writers committing
+    finally:
+        proc.send_signal(signum)
+    progress += _progress(proc)
+    _wait(proc)
+    run_dir = progress[-1]["run_dir"]
+    manifest = read_manifest(run_dir)
+    assert (manifest["status"], manifest["ended_by"]) == ("interrupted", ended_by)
+    assert _stored_all(run_dir) >= progress[-1]["sampled"]
+
+
+@pytest.mark.slow
+def test_a_sigkilled_driver_loses_nothing_its_runners_handed_over_once_recovered(tmp_path):
+    proc = _start("loop", str(tmp_path / "rec"))
+    try:
+        progress = _progress(proc, 2)
+        assert len(progress) == 2, proc.stderr.read()[-2000:]
+        time.sleep(random.uniform(0.0, 1.0))
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray cluster it started
+        proc.communicate()
+        deadline = time.time() + 30
+        while _session_pids(proc.pid) and time.time() < deadline:  # Ray's processes follow within seconds
+            time.sleep(0.5)
+    run_dir = progress[-1]["run_dir"]
+    assert read_manifest(run_dir)["status"] == "running"
+    result = CliRunner().invoke(main, ["recover", run_dir])
+    assert result.exit_code == 0, result.output
+    assert _stored_all(run_dir) >= progress[-1]["sampled"]
+
+
+@pytest.mark.slow
+def test_env_runners_sigkilled_while_sampling_lose_nothing_sample_returned(ray_session, tmp_path):
+    """Default settings (coalescing on); a runner killed at a random moment of each of three iterations."""
+    config = ppo(runners=2).fault_tolerance(restart_failed_env_runners=True)
+    algo = config.callbacks(RecorderCallback.configured(output_dir=str(tmp_path))).build_algo()
+    rng = random.Random()
+    results, killed = [algo.train()], []
+    for _ in range(3):
+        pids = dict(algo.env_runner_group.foreach_env_runner(lambda r: (r.worker_index, os.getpid()),
+                                                             local_env_runner=False))
+        victim = pids[rng.choice(sorted(pids))]
+        timer = threading.Timer(rng.uniform(0.05, 0.6), lambda pid=victim: (os.kill(pid, signal.SIGKILL),
+                                                                              killed.append(pid)))
+        timer.start()  # fires while train() below samples
+        results.append(algo.train())
+        timer.join()
+        for _ in range(6):  # until RLlib has restarted it
+            if results[-1]["env_runners"].get("num_healthy_workers", 2) == 2 and \
+                    results[-1]["fault_tolerance"]["num_healthy_workers"] == 2:
+                break
+            results.append(algo.train())
+    run_dir = results[-1]["recorder"]["run_dir"]
+    algo.stop()
+    assert len(killed) == 3 and results[-1]["fault_tolerance"]["num_remote_worker_restarts"] >= 1
+    report = verify_report(run_dir)
+    assert report["problems"] == [] and report["notes"] == [], report
+    found = ALL_STORED.search(report["summary"])
+    assert found, report
+    # at least every step RLlib got back (a runner killed after its sample() ended may have stored more)
+    assert int(found.group(1)) >= results[-1]["env_runners"]["num_env_steps_sampled_lifetime"]
+    assert len(read_manifest(run_dir)["totals"]["senders"]) >= 2 + 1  # the killed incarnations are accounted
+
+
+@pytest.mark.slow
+def test_a_live_run_reads_as_recording_and_recover_refuses_it_untouched(ray_session, tmp_path):
+    algo = ppo(runners=1).callbacks(RecorderCallback.configured(output_dir=str(tmp_path))).build_algo()
+    try:
+        run_dir = [algo.train() for _ in range(2)][-1]["recorder"]["run_dir"]
+        before = sorted(os.listdir(run_dir))  # the writer itself may still commit: names, not times
+        runner = CliRunner()
+        result = runner.invoke(main, ["recover", run_dir])
+        assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+        assert "is recording (its driver (pid" in result.output and "let it finish" in result.output
+        assert sorted(os.listdir(run_dir)) == before and read_manifest(run_dir)["status"] == "running"
+        result = runner.invoke(main, ["verify", run_dir])
+        assert result.exit_code == 0 and "recording now" in result.output, result.output
+        result = runner.invoke(main, ["info", run_dir])
+        assert result.exit_code == 0 and "recording (its driver" in result.output, result.output
+    finally:
+        algo.stop()
+    assert "all " in verify_report(run_dir)["summary"]

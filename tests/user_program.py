@@ -1,0 +1,42 @@
+"""A user's training script as the real-use fault tests run it: plain RLlib with the recorder in one line, no
+``ray.init`` of its own and, like most RLlib examples and notebooks, no ``algo.stop()``.
+
+``python -m tests.user_program MODE OUTPUT_DIR``; prints one JSON line per iteration (run dir and RLlib's sampled
+count). MODE: ``end`` (3 iterations, then the script ends), ``raise`` (an exception after 2), ``shutdown``
+(``ray.shutdown()`` after 2, then the script ends), ``loop`` (trains until a signal ends it).
+"""
+
+import json
+import sys
+
+from ray.rllib.algorithms.ppo import PPOConfig
+from ray.tune.registry import register_env
+
+from rllib_recorder import RecorderCallback
+from tests.envs import CountingEnv
+
+
+def main(mode: str, output_dir: str) -> None:
+    register_env("counting", lambda cfg: CountingEnv(cfg))  # its observations let the test check every row
+    config = (
+        PPOConfig().environment("counting", env_config={"obs_kind": "vector"})
+        .env_runners(num_env_runners=2, rollout_fragment_length=50)
+        .training(train_batch_size=400, minibatch_size=100, num_epochs=1)
+        .callbacks(RecorderCallback.configured(output_dir=output_dir, num_writers=2))
+    )
+    algo = config.build_algo()
+    iterations = {"end": 3, "raise": 2, "shutdown": 2}.get(mode, 10**9)
+    for _ in range(iterations):
+        result = algo.train()
+        print(json.dumps({"run_dir": result["recorder"]["run_dir"],
+                          "sampled": result["env_runners"]["num_env_steps_sampled_lifetime"]}), flush=True)
+    if mode == "raise":
+        raise RuntimeError("a bug in the user's loop")
+    if mode == "shutdown":
+        import ray
+
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
