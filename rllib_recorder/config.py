@@ -108,6 +108,9 @@ class RecorderConfig:
             _fail("drain_timeout_s", self.drain_timeout_s, "use a number of seconds > 0")
         if not str(self.output_dir).strip():
             _fail("output_dir", self.output_dir, "name a directory, e.g. 'recordings'")
+        # Relative to where the user started the program, resolved now, in the process that makes the config:
+        # Tune changes a trial's working dir to its trial dir before the recorder starts in it.
+        object.__setattr__(self, "output_dir", absolute_output_dir(self.output_dir))
         if self.run_name is not None and (not self.run_name or os.sep in self.run_name):
             _fail("run_name", self.run_name, "use a plain directory name without '/'")
 
@@ -149,6 +152,15 @@ class RecorderConfig:
 
 def _fail(field: str, value: Any, fix: str) -> None:
     raise ConfigError(f"invalid recorder setting {field}={value!r}: {fix}")
+
+
+def absolute_output_dir(path: str) -> str:
+    """``path`` made absolute against the program's start dir (``TUNE_ORIG_WORKING_DIR`` inside a Tune trial,
+    which Tune sets before it changes into the trial dir; else the current dir)."""
+    path = os.path.expanduser(str(path))
+    if os.path.isabs(path):
+        return os.path.normpath(path)
+    return os.path.normpath(os.path.join(os.environ.get("TUNE_ORIG_WORKING_DIR") or os.getcwd(), path))
 
 
 def _check_type(config: RecorderConfig) -> None:

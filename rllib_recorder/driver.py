@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import numbers
-import logging
 import os
 import re
 import socket
@@ -23,9 +23,10 @@ from rllib_recorder.errors import OutputDirError, RecorderError
 from rllib_recorder.index import entry_from_manifest, update_run
 from rllib_recorder.learner import hook_learners
 from rllib_recorder.liveness import process_start
-from rllib_recorder.manifest import now_iso, versions, write_manifest
+from rllib_recorder.manifest import now_iso, read_manifest, versions, write_manifest
 from rllib_recorder.pool import Binding, WriterPool, current_node_id
 from rllib_recorder.runner import bind_env_runner, drain_env_runner, recorder_for, runner_node_id
+from rllib_recorder.spoolfile import sender_dirs
 from rllib_recorder.staleness import PERCENTILES, interval_rates, lag_summary
 
 logger = logging.getLogger(__name__)
@@ -60,13 +61,16 @@ class RunRecorder:
     def __init__(self, algorithm: Any, config: RecorderConfig) -> None:
         self.config = config
         self.run_dir = resolve_run_dir(config.check_output_dir(), config, algorithm)
-        if os.path.exists(self.run_dir) and os.listdir(self.run_dir):
+        previous = previous_attempt(self.run_dir, *tune_names(algorithm))
+        if previous is None and os.path.exists(self.run_dir) and os.listdir(self.run_dir):
             raise OutputDirError(
                 f"run directory {self.run_dir!r} already holds a run; choose another run_name "
                 "or output_dir (a recording never overwrites an earlier one)"
             )
         os.makedirs(self.run_dir, exist_ok=True)
-        self.run_id = uuid.uuid4().hex[:16]
+        # a Tune trial restarted, resumed or restored records on into its run: same id, the next attempt
+        self.run_id = previous["run_id"] if previous else uuid.uuid4().hex[:16]
+        self.attempt = len(previous["attempts"]) if previous else 0
         self._started_monotonic = time.monotonic()
         self.closed = False
         self.learner_version = -1
@@ -75,11 +79,18 @@ class RunRecorder:
         self._rate_base: tuple[float, int, int, int] = (time.monotonic(), 0, 0, 0)
         self._lifetime: dict[str, float] = {}
         self.manifest = self._initial_manifest(algorithm)
+        if previous is not None:
+            self.manifest.update(started_at=previous.get("started_at") or self.manifest["started_at"],
+                                 totals=previous.get("totals") or {})
+        self.manifest["attempts"] = (previous["attempts"] if previous else []) + [
+            {"attempt": self.attempt, "started_at": now_iso(), "finished_at": None, "status": "running",
+             "ended_by": None, "driver_pid": os.getpid()}]
+        self._before = _earlier_totals(previous)
         write_manifest(self.run_dir, self.manifest)
         # Under Tune the experiment directory indexes its trials' runs (recorder_index.json).
         self.experiment_dir = os.path.dirname(self.run_dir) if self.manifest["trial"] else None
         self._update_index()
-        self.pool = WriterPool(self.run_id, self.run_dir, config, current_node_id())
+        self.pool = WriterPool(self.run_id, self.run_dir, config, current_node_id(), attempt=self.attempt)
         self.binding = self._binding()
         self._algorithm = weakref.ref(algorithm)
         self.learners_reporting = 0
@@ -218,9 +229,14 @@ class RunRecorder:
         totals = self.metrics(writer_stats)
         totals["unacked_at_stop"] = len(leftovers)  # senders whose handed-over samples could not be committed
         totals["spool_leftovers"] = leftovers
-        totals["senders"] = {k: v for s in writer_stats for k, v in (s.get("runners") or {}).items()}
+        senders = {k: v for s in writer_stats for k, v in (s.get("runners") or {}).items()}
+        totals["senders"] = {**self._before["senders"], **senders}  # earlier attempts' too
+        totals["env_steps_stored"] += self._before["env_steps_stored"]
+        status = "interrupted" if interrupted else "finished"
+        self.manifest["attempts"][-1].update(finished_at=now_iso(), status=status, ended_by=ended_by,
+                                             senders=sorted(senders))
         self.manifest.update(
-            status="interrupted" if interrupted else "finished", ended_by=ended_by, finished_at=now_iso(),
+            status=status, ended_by=ended_by, finished_at=now_iso(),
             totals=totals, files=self.pool.placement(), writer_nodes=self.pool.writer_nodes(),
             nodes=sorted({s.get("node") for s in writer_stats if s.get("node")}),
         )
@@ -349,6 +365,65 @@ class RunRecorder:
 def record_sample(env_runner: Any, samples: Any) -> None:
     """Hands one ``on_sample_end`` payload to this env runner's recorder."""
     recorder_for(env_runner).record(samples, env_runner)
+
+
+def previous_attempt(run_dir: str, experiment: str | None, trial: str | None) -> dict[str, Any] | None:
+    """The manifest of an earlier attempt of this Tune trial in ``run_dir``, ready to be continued (None when
+    there is none: outside Tune, a new trial, or a run of something else).
+
+    Tune restarts a failed trial (``FailureConfig``), resumes a paused one (PBT, HyperBand) and restores an
+    experiment (``Tuner.restore``) in the same trial dir, so the recording continues there. An attempt that did
+    not end cleanly (its actor was killed) is recovered first: what its runners had handed over is committed.
+    """
+    path = os.path.join(run_dir, "manifest.json")
+    if trial is None or not os.path.isfile(path):
+        return None
+    try:
+        manifest = read_manifest(run_dir)
+    except RecorderError:
+        return None
+    if manifest.get("trial") != trial or manifest.get("experiment") != experiment or not manifest.get("run_id"):
+        return None
+    if manifest.get("status") not in ("finished", "interrupted") or next(sender_dirs(run_dir), None) is not None:
+        manifest = _recover_earlier(run_dir)
+    attempts = manifest.get("attempts")
+    if not isinstance(attempts, list) or not attempts:
+        attempts = [{"attempt": 0, "started_at": manifest.get("started_at"), "finished_at":
+                     manifest.get("finished_at"), "status": manifest.get("status"),
+                     "ended_by": manifest.get("ended_by"), "driver_pid": manifest.get("driver_pid")}]
+    elif attempts[-1].get("status") == "running":  # recovered: that attempt ended with its process
+        attempts[-1].update(status=manifest.get("status"), finished_at=manifest.get("finished_at"),
+                            ended_by="its process died (recovered)")
+    manifest["attempts"] = attempts
+    return manifest
+
+
+def _recover_earlier(run_dir: str) -> dict[str, Any]:
+    """Recovers the earlier attempt of a trial, once its processes are gone (a killed trial actor's writers
+    follow it within seconds)."""
+    from rllib_recorder.liveness import recording_now
+    from rllib_recorder.recover import recover_run
+
+    deadline = time.monotonic() + 30.0
+    while True:
+        manifest = read_manifest(run_dir)
+        live = recording_now(run_dir, manifest)
+        if live is None or manifest.get("driver_pid") == os.getpid() and manifest.get("status") != "running":
+            break
+        if time.monotonic() > deadline:
+            raise OutputDirError(f"run directory {run_dir!r} is still recording ({live}); a trial's earlier "
+                                 "attempt must end before the next one records into it")
+        time.sleep(0.5)
+    recover_run(run_dir)
+    return read_manifest(run_dir)
+
+
+def _earlier_totals(previous: dict[str, Any] | None) -> dict[str, Any]:
+    totals = (previous or {}).get("totals")
+    totals = totals if isinstance(totals, dict) else {}
+    senders = totals.get("senders")
+    return {"senders": senders if isinstance(senders, dict) else {},
+            "env_steps_stored": int(totals.get("env_steps_stored") or 0)}
 
 
 def tune_names(algorithm: Any) -> tuple[str | None, str | None]:

@@ -126,3 +126,25 @@ class StateRaisesEnv(CountingEnv):
     @property
     def state(self):
         raise RuntimeError("state is unavailable")
+
+
+class FailOnceEnv(CountingEnv):
+    """CountingEnv that raises once, in its fourth episode, in the first process to get there: the marker file
+    ``env_config["marker"]`` says it has (a Tune trial restarted after it records on)."""
+
+    def step(self, action):
+        import os
+
+        marker = self.config_marker
+        if self.episode == 3 and self.t == 2 and marker:
+            try:
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                pass
+            else:
+                raise RuntimeError("the env fails once")
+        return super().step(action)
+
+    def __init__(self, config: dict | None = None):
+        super().__init__(config)
+        self.config_marker = (config or {}).get("marker")
