@@ -48,6 +48,11 @@ def _progress(proc: subprocess.Popen, lines: int | None = None) -> list[dict]:
     return out
 
 
+def figure(case: str, sampled: int, stored: int, extra: str = "") -> None:
+    """One measured figure for docs/RELIABILITY.md's table (``pytest -s`` shows them)."""
+    print(f"\nfigure: {case}: RLlib sampled {sampled}, stored {stored}{extra}")
+
+
 def _stored_all(run_dir: str) -> int:
     """Verify the run as a user would; returns N of 'all N sampled env steps stored'."""
     result = CliRunner().invoke(main, ["verify", run_dir])
@@ -83,7 +88,9 @@ def test_a_script_that_never_stops_its_algorithm_stores_every_sampled_step(tmp_p
     manifest = read_manifest(run_dir)
     assert (manifest["status"], manifest["ended_by"]) == (status, ended_by)
     # nothing sampled after the last train(): stored is exactly what RLlib sampled and trained on
-    assert _stored_all(run_dir) == progress[-1]["sampled"]
+    stored = _stored_all(run_dir)
+    figure(f"script {mode}", progress[-1]["sampled"], stored)
+    assert stored == progress[-1]["sampled"]
 
 
 @pytest.mark.slow
@@ -101,7 +108,9 @@ def test_ctrl_c_or_sigterm_at_a_random_moment_stores_every_sampled_step(tmp_path
     run_dir = progress[-1]["run_dir"]
     manifest = read_manifest(run_dir)
     assert (manifest["status"], manifest["ended_by"]) == ("interrupted", ended_by)
-    assert _stored_all(run_dir) >= progress[-1]["sampled"]
+    stored = _stored_all(run_dir)
+    figure(ended_by, progress[-1]["sampled"], stored, " (RLlib's count is of the last finished train())")
+    assert stored >= progress[-1]["sampled"]
 
 
 @pytest.mark.slow
@@ -121,7 +130,11 @@ def test_a_sigkilled_driver_loses_nothing_its_runners_handed_over_once_recovered
     assert read_manifest(run_dir)["status"] == "running"
     result = CliRunner().invoke(main, ["recover", run_dir])
     assert result.exit_code == 0, result.output
-    assert _stored_all(run_dir) >= progress[-1]["sampled"]
+    stored = _stored_all(run_dir)
+    recovery = read_manifest(run_dir)["recovery"]
+    figure("driver SIGKILL + recover", progress[-1]["sampled"], stored,
+           f", of them {recovery.get('spool_env_steps_committed', 0)} committed from the spool by recover")
+    assert stored >= progress[-1]["sampled"]
 
 
 @pytest.mark.slow
@@ -153,6 +166,8 @@ def test_env_runners_sigkilled_while_sampling_lose_nothing_sample_returned(ray_s
     found = ALL_STORED.search(report["summary"])
     assert found, report
     # at least every step RLlib got back (a runner killed after its sample() ended may have stored more)
+    figure("3 env runners SIGKILLed", results[-1]["env_runners"]["num_env_steps_sampled_lifetime"],
+           int(found.group(1)), f", {len(read_manifest(run_dir)['totals']['senders'])} runner incarnations")
     assert int(found.group(1)) >= results[-1]["env_runners"]["num_env_steps_sampled_lifetime"]
     assert len(read_manifest(run_dir)["totals"]["senders"]) >= 2 + 1  # the killed incarnations are accounted
 
