@@ -215,9 +215,10 @@ def plot(run_dir: str, output: str) -> None:
 
     Example: rllib-recorder plot recordings/<run> -o run.png
     """
-    from rllib_recorder.plot import plot_run
+    from rllib_recorder.plot import check_output, plot_run
     from rllib_recorder.reader import open_run
 
+    _guard(lambda: check_output(output))
     with _guard(lambda: open_run(run_dir)) as run:
         summary = _guard(lambda: plot_run(run, output))
     episodes = ", ".join(f"{k}: {v}" for k, v in summary["episodes"].items())
@@ -287,9 +288,11 @@ def gather(run_dir: str, target: str, address: str | None) -> None:
     that wrote it and streamed here. Re-running it continues an interrupted gather.
     Example: rllib-recorder gather recordings/<run> --to /data/<run>
     """
-    from rllib_recorder.gather import gather_run
+    from rllib_recorder.gather import gather_run, needs_cluster
 
-    _connect_ray(address)
+    # the manifest is checked before Ray is joined; Ray only when some file is not readable here
+    if _guard(lambda: needs_cluster(run_dir)) or address:
+        _connect_ray(address)
     with _progress() as bar:
         task = bar.add_task("gathering (bytes)", total=None)
         done = _guard(lambda: gather_run(run_dir, target, progress=lambda name, n: bar.advance(task, n)))

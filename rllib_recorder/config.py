@@ -67,6 +67,9 @@ class RecorderConfig:
         drain_timeout_s: How long stopping the algorithm waits for env runners and writers to
             close, and the longest a blocked sampler waits.
         writer_max_restarts: Ray restarts of a crashed writer actor (-1: unlimited).
+        omit_env_config_keys: Keys of the env's ``env_config`` the manifest leaves out (tokens,
+            passwords, paths); the manifest keeps the rest of ``env_config`` verbatim and names the
+            omitted keys in ``env_config_omitted``.
     """
 
     output_dir: str = "recordings"
@@ -90,9 +93,14 @@ class RecorderConfig:
     fsync: bool = False
     drain_timeout_s: float = 120.0
     writer_max_restarts: int = -1
+    omit_env_config_keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _check_type(self)
+        keys = self.omit_env_config_keys
+        if isinstance(keys, str) or not isinstance(keys, (list, tuple)) or not all(isinstance(k, str) for k in keys):
+            _fail("omit_env_config_keys", keys, "give a list of env_config key names, e.g. ['api_token']")
+        object.__setattr__(self, "omit_env_config_keys", tuple(keys))
         _check_int(self, "num_writers", 1, "use at least one writer actor")
         _check_int(self, "max_backlog_bytes", 1 << 20, "allow at least 1 MiB (1048576) of spool per env runner")
         _check_int(self, "coalesce_rows", 0, "use 0 to send every sample at once")

@@ -17,7 +17,7 @@ from typing import Any
 
 import ray
 
-from rllib_recorder import lifecycle
+from rllib_recorder import durable, lifecycle
 from rllib_recorder.config import RecorderConfig
 from rllib_recorder.errors import OutputDirError, RecorderError
 from rllib_recorder.index import entry_from_manifest, update_run
@@ -68,6 +68,7 @@ class RunRecorder:
                 "or output_dir (a recording never overwrites an earlier one)"
             )
         os.makedirs(self.run_dir, exist_ok=True)
+        durable.fsync_dir(os.path.dirname(self.run_dir))  # the run's name survives a power loss, like its rows
         # a Tune trial restarted, resumed or restored records on into its run: same id, the next attempt
         self.run_id = previous["run_id"] if previous else uuid.uuid4().hex[:16]
         self.attempt = len(previous["attempts"]) if previous else 0
@@ -311,7 +312,7 @@ class RunRecorder:
             "format": "rllib_recorder", "schema_version": _schema_version(), "run_id": self.run_id,
             "status": "running", "started_at": now_iso(), "finished_at": None,
             "versions": versions(), "algorithm": type(algorithm).__name__,
-            "env": str(config.env), "env_config": _jsonable(dict(config.env_config or {})),
+            "env": str(config.env), **self._env_config(config.env_config),
             "api_stack": "new" if config_is_new_stack(algorithm) else "old",
             "batch_mode": config.batch_mode, "num_env_runners": config.num_env_runners,
             "trial": tune_names(algorithm)[1],
@@ -320,6 +321,13 @@ class RunRecorder:
             "spaces": _spaces(algorithm), "recorder": self.config.to_dict(),
             "driver_host": socket.gethostname(), "driver_pid": os.getpid(), "driver_started": process_start(),
         }
+
+    def _env_config(self, env_config: Any) -> dict[str, Any]:
+        """The manifest's ``env_config`` (verbatim, as JSON) without the keys ``omit_env_config_keys`` names."""
+        env_config = dict(env_config or {})
+        omitted = sorted(str(k) for k in env_config if k in self.config.omit_env_config_keys)
+        kept = {k: v for k, v in env_config.items() if k not in self.config.omit_env_config_keys}
+        return {"env_config": _jsonable(kept), **({"env_config_omitted": omitted} if omitted else {})}
 
     def _rates(self, stored: int, result: dict[str, Any]) -> dict[str, Any]:
         """TianJi's three rates since the last result: env steps produced, stored and consumed per second.

@@ -12,8 +12,9 @@ from typing import Any, Callable, Iterator
 
 import ray
 
+from rllib_recorder import durable
 from rllib_recorder.errors import GatherError, SchemaError
-from rllib_recorder.manifest import MANIFEST_NAME, now_iso, read_manifest, write_manifest
+from rllib_recorder.manifest import FILE_NAME, MANIFEST_NAME, now_iso, read_json, read_manifest, write_manifest
 
 PIECE_BYTES = 4 << 20
 MARKER_NAME = "gather.json"  # in the target while a gather is unfinished: which run it is gathering
@@ -36,11 +37,23 @@ class Source:
 def run_sources(run_dir: str, manifest: dict[str, Any]) -> list[Source]:
     """The files of a run: the manifest's ``files`` with their nodes, or (older runs) the ``*.h5`` here."""
     files = manifest.get("files")
+    bad = [name for name in (files or []) if not FILE_NAME.fullmatch(name)]  # read_manifest refused these already
+    if bad:
+        raise GatherError(f"{run_dir}: the manifest names {bad[0][:80]!r}, not a worker file name; gather copies "
+                          "only worker-NNN.h5 files into the target")
     if isinstance(files, dict):
         return [Source(name, info.get("node_id"), info.get("node_ip", ""), info.get("hostname", ""))
                 for name, info in sorted(files.items())]
     names = set(files or []) | {os.path.basename(p) for p in glob.glob(os.path.join(run_dir, "*.h5"))}
     return [Source(name) for name in sorted(names)]
+
+
+def needs_cluster(run_dir: str) -> bool:
+    """True when a file of the run is not readable in ``run_dir`` here (so Ray tasks must read it on its node);
+    reads and checks the manifest first (SchemaError, GatherError)."""
+    if not os.path.isdir(run_dir):
+        raise SchemaError(f"{run_dir} is not a directory; pass the run directory (it holds manifest.json)")
+    return any(not os.path.isfile(os.path.join(run_dir, s.name)) for s in run_sources(run_dir, read_manifest(run_dir)))
 
 
 def gather_run(run_dir: str, target: str, *, progress: Callable[[str, int], None] | None = None,
@@ -104,7 +117,7 @@ def copy_file(reader: "FileReader", path: str, progress: Callable[[str, int], No
             f.flush()
             os.fsync(f.fileno())
         if offset == size and digest.hexdigest() == sha256:
-            os.replace(part, path)
+            durable.replace(part, path)
             how = f"copied {size - resumed} bytes from {reader.where()}"
             return how + (f" (resumed at byte {resumed})" if resumed else ""), checked
     os.remove(part)
@@ -195,8 +208,8 @@ def _claim(target: str, run_dir: str, manifest: dict[str, Any]) -> None:
     if os.path.isfile(os.path.join(target, MANIFEST_NAME)):
         held = read_manifest(target).get("run_id")
     elif os.path.isfile(marker):
-        with open(marker) as f:
-            held = json.load(f).get("run_id")
+        held = read_json(marker, "gather marker", f"delete {marker} if no gather into {target} is running")
+        held = held.get("run_id") if isinstance(held, dict) else None
     elif os.path.isdir(target) and os.listdir(target):
         raise GatherError(f"{target} is not empty and holds no run; gather into a new or empty directory")
     else:

@@ -17,7 +17,7 @@ import time
 from typing import Any, Iterator
 
 from rllib_recorder.errors import SchemaError
-from rllib_recorder.manifest import MANIFEST_NAME, read_manifest, write_json_atomic
+from rllib_recorder.manifest import MANIFEST_NAME, RUN_DIR_NAME, read_json, read_manifest, write_json_atomic
 
 INDEX_NAME = "recorder_index.json"
 LOCK_NAME = ".recorder_index.lock"
@@ -40,13 +40,14 @@ def read_index(experiment_dir: str) -> dict[str, Any]:
     path = os.path.join(experiment_dir, INDEX_NAME)
     if not os.path.isfile(path):
         return {"format": INDEX_FORMAT, "runs": {}}
-    try:
-        with open(path) as f:
-            index = json.load(f)
-    except (OSError, ValueError) as e:
-        raise SchemaError(f"{path} is not a readable index ({e}); 'rllib-recorder info' rebuilds it") from None
+    index = read_json(path, "index", f"delete it: 'rllib-recorder info {experiment_dir}' reads the runs' manifests")
     if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT:
         raise SchemaError(f"{path} is not an rllib_recorder index")
+    runs = index.get("runs")
+    if not isinstance(runs, dict) or not all(
+            isinstance(entry, dict) and RUN_DIR_NAME.fullmatch(name) for name, entry in runs.items()):
+        raise SchemaError(f"{path}: runs must map run directory names (one plain path component each) to "
+                          "objects; this index was changed by hand: delete it, the runs' manifests are the truth")
     return index
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import time
 from typing import Any
 
+from rllib_recorder import durable
 from rllib_recorder.errors import SchemaError
 
 MANIFEST_NAME = "manifest.json"
@@ -45,23 +47,179 @@ def write_json_atomic(path: str, value: Any) -> str:
         json.dump(value, f, indent=2, sort_keys=True, default=str)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+    durable.replace(tmp, path)
     return path
 
 
 def read_manifest(run_dir: str) -> dict[str, Any]:
-    """Reads a run's manifest; SchemaError names the problem when it is missing or broken."""
+    """Reads a run's manifest and checks every field the recorder reads (``check_manifest``); SchemaError names
+    the problem in one line when it is missing, broken or holds something no recorder wrote."""
     path = os.path.join(run_dir, MANIFEST_NAME)
     if not os.path.isfile(path):
         raise SchemaError(f"{run_dir} is not an rllib_recorder run: it has no {MANIFEST_NAME}")
-    try:
-        with open(path) as f:
-            manifest = json.load(f)
-    except (OSError, ValueError) as e:
-        raise SchemaError(f"{path} is not a readable manifest ({e}); run 'rllib-recorder recover'") from None
+    manifest = read_json(path, "manifest", "run 'rllib-recorder recover'")
     if not isinstance(manifest, dict) or manifest.get("format") != "rllib_recorder":
         raise SchemaError(f"{path} is not an rllib_recorder manifest")
+    check_manifest(manifest, path)
     return manifest
+
+
+MAX_JSON_BYTES = 64 << 20
+
+
+def read_json(path: str, what: str, fix: str) -> Any:
+    """The JSON value in ``path``: UTF-8, at most 64 MiB, no NaN or Infinity; SchemaError otherwise."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_JSON_BYTES + 1)
+        if len(raw) > MAX_JSON_BYTES:
+            raise ValueError(f"larger than {MAX_JSON_BYTES >> 20} MiB")
+        return json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except (OSError, ValueError, RecursionError) as e:
+        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e).splitlines()[0][:200]
+        raise SchemaError(f"{path} is not a readable {what} ({reason}); {fix}") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+# A file name a run may list: what schema.file_name makes, and nothing that could leave the run directory.
+FILE_NAME = re.compile(r"(eval-)?worker-[0-9]{3,9}(\.node[0-9]{1,6})?\.h5")
+# A run directory's name inside an experiment directory: one plain path component.
+RUN_DIR_NAME = re.compile(r"(?!\.\.?$)[^/\\\x00]{1,255}")
+NODE_ID = re.compile(r"[0-9a-f]{8,128}")
+MAX_COUNT = 1 << 62
+
+_STR, _NUM, _INT, _DICT, _LIST = "a string", "a number", "a whole number", "an object", "a list"
+# field -> what it must be, when present and not null
+_FIELDS = {
+    "schema_version": _STR, "run_id": _STR, "status": _STR, "ended_by": _STR, "env": _STR, "algorithm": _STR,
+    "api_stack": _STR, "started_at": _STR, "finished_at": _STR, "driver_host": _STR, "trial": _STR,
+    "trial_id": _STR, "trial_name": _STR, "experiment": _STR, "recorder_version": _STR,
+    "driver_pid": _INT, "driver_started": _STR,
+    "env_config": _DICT, "totals": _DICT, "writer_nodes": _DICT, "recorder": _DICT,
+    "versions": _DICT, "spaces": _DICT, "recovery": _DICT, "gathered_from": _DICT, "attempts": _LIST,
+    "env_config_omitted": _LIST,
+}
+_REQUIRED: tuple[str, ...] = ()  # older and hand-made manifests may lack any field but format
+
+
+def check_manifest(manifest: dict[str, Any], path: str) -> None:
+    """SchemaError (one line: the field, what it holds, what it must hold) unless every field the recorder reads
+    has the type a recorder writes, every count is a whole number in range, every file name is a plain name of a
+    worker file and every node id is hex. Nothing in a manifest is executed, imported or used as a path."""
+    def bad(field: str, problem: str) -> SchemaError:
+        return SchemaError(f"{path}: {field} {problem}; this manifest was not written by rllib_recorder (or was "
+                           "changed by hand): restore it from the run's source")
+
+    for field in _REQUIRED:
+        if field not in manifest:
+            raise bad(field, "is missing")
+    for field, kind in _FIELDS.items():
+        value = manifest.get(field)
+        if value is None and kind in (_DICT, _LIST) and field in manifest:
+            del manifest[field]  # a null object or list reads as an absent one
+        if value is None and field not in _REQUIRED:
+            continue
+        if not _is(value, kind):
+            raise bad(field, f"is {_what(value)}, not {kind}")
+    if manifest.get("driver_pid") is not None and not 0 < manifest["driver_pid"] < 1 << 31:
+        raise bad("driver_pid", f"is {manifest['driver_pid']}, not a process id")
+    files = manifest.get("files")
+    if files is None:
+        manifest.pop("files", None)
+    elif not isinstance(files, (dict, list)):
+        raise bad("files", f"is {_what(files)}, not {_DICT}")
+    if isinstance(files, list):  # older runs: the names alone
+        files = {name: {} if isinstance(name, str) else None for name in files}
+        if None in files.values():
+            raise bad("files", "lists something that is not a file name")
+    for name, info in (files or {}).items():
+        if not FILE_NAME.fullmatch(name):
+            raise bad("files", f"names {name[:80]!r}, not a worker file name (worker-NNN.h5, eval-worker-NNN.h5, "
+                               "worker-NNN.nodeK.h5)")
+        if not isinstance(info, dict):
+            raise bad(f"files.{name}", f"is {_what(info)}, not {_DICT}")
+        _check_node(info, f"files.{name}", bad)
+        for key in ("bytes", "node_index"):
+            if info.get(key) is not None and not _is(info[key], _INT):
+                raise bad(f"files.{name}.{key}", f"is {_what(info[key])}, not {_INT}")
+    for index, info in (manifest.get("writer_nodes") or {}).items():
+        if not index.isdigit() or len(index) > 6 or not isinstance(info, dict):
+            raise bad("writer_nodes", f"has {index[:80]!r}: {_what(info)}, not a node number and its node")
+        _check_node(info, f"writer_nodes.{index}", bad)
+    for i, attempt in enumerate(manifest.get("attempts") or []):
+        if not isinstance(attempt, dict):
+            raise bad(f"attempts[{i}]", f"is {_what(attempt)}, not {_DICT}")
+        for key, value in attempt.items():
+            kind = _FIELDS.get(key, _INT if key == "attempt" else None)
+            if value is not None and kind is not None and not _is(value, kind):
+                raise bad(f"attempts[{i}].{key}", f"is {_what(value)}, not {kind}")
+    _check_counts(manifest.get("totals") or {}, bad)
+
+
+def _check_node(info: dict[str, Any], field: str, bad: Any) -> None:
+    node_id = info.get("node_id")
+    if node_id is not None and not (isinstance(node_id, str) and NODE_ID.fullmatch(node_id)):
+        raise bad(f"{field}.node_id", f"is {_what(node_id)}, not a Ray node id (hex)")
+    for key in ("node_ip", "hostname"):
+        if info.get(key) is not None and not isinstance(info[key], str):
+            raise bad(f"{field}.{key}", f"is {_what(info[key])}, not {_STR}")
+
+
+_COUNT_PREFIXES = ("env_steps", "agent_steps", "chunks", "rows", "samples", "disk_bytes", "raw_bytes", "errors",
+                   "policy_lag_max", "policy_lag_p", "policy_lag_mean", "policy_lag_unknown", "learner",
+                   "runner_restarts", "duplicate", "backlog", "wait_s", "max_wait_s", "sampler_", "recording_s",
+                   "unacked", "unbound")
+
+
+def _check_counts(totals: dict[str, Any], bad: Any) -> None:
+    """Counts are numbers in range; senders map to objects of counts; nothing nests deeper than 4."""
+    _check_values(totals, "totals", bad, 0)
+    for key, value in totals.items():
+        if key.startswith(_COUNT_PREFIXES) and value is not None and not _is(value, _NUM):
+            raise bad(f"totals.{key[:40]}", f"is {_what(value)}, not {_NUM}")
+    for field in ("senders", "spool_leftovers", "policy_lag_hist"):
+        if totals.get(field) is not None and not isinstance(totals[field], dict):
+            raise bad(f"totals.{field}", f"is {_what(totals[field])}, not {_DICT}")
+    for sender, stats in (totals.get("senders") or {}).items():
+        if not isinstance(stats, dict):
+            raise bad(f"totals.senders.{sender[:40]}", f"is {_what(stats)}, not {_DICT} of counts")
+        for key, value in stats.items():
+            if key.startswith(_COUNT_PREFIXES) and value is not None and not _is(value, _NUM):
+                raise bad(f"totals.senders.{sender[:40]}.{key[:40]}", f"is {_what(value)}, not {_NUM}")
+            if key in ("drop_causes", "error_kinds") and value is not None and not (
+                    isinstance(value, dict) and all(_is(v, _NUM) for v in value.values())):
+                raise bad(f"totals.senders.{sender[:40]}.{key}", f"is {_what(value)}, not {_DICT} of counts")
+
+
+def _check_values(value: Any, field: str, bad: Any, depth: int) -> None:
+    if isinstance(value, (dict, list)):
+        if depth >= 5:
+            raise bad(field, "is nested too deeply")
+        for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
+            _check_values(item, f"{field}.{str(key)[:40]}", bad, depth + 1)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool) and not -MAX_COUNT <= value <= MAX_COUNT:
+        raise bad(field, f"is {value:.3g}, out of range")
+
+
+def _is(value: Any, kind: str) -> bool:
+    if kind == _STR:
+        return isinstance(value, str)
+    if kind == _INT:
+        return isinstance(value, int) and not isinstance(value, bool) and -MAX_COUNT <= value <= MAX_COUNT
+    if kind == _NUM:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and -MAX_COUNT <= value <= MAX_COUNT
+    if kind == _DICT:
+        return isinstance(value, dict)
+    return isinstance(value, list)
+
+
+def _what(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
+             int: "a number", float: "a number"}
+    return names.get(type(value), type(value).__name__)
 
 
 def place_files(names: list[str], writer_nodes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

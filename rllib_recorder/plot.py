@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from typing import Any
 
@@ -28,6 +29,21 @@ def policy_lags(f: WorkerFile, agent: str) -> np.ndarray:
     """Per step with known versions: the learner's version stored with its chunk minus the version that acted."""
     lags = f.policy_lag(agent)
     return lags[lags >= 0]
+
+
+PLOT_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg")
+
+
+def check_output(out_path: str) -> None:
+    """ExportError (one line) unless ``out_path`` is a file to write a figure to: a known extension, in a
+    directory that exists."""
+    extension = os.path.splitext(out_path)[1].lower().lstrip(".")
+    if extension not in PLOT_FORMATS:
+        raise ExportError(f"cannot plot to {out_path!r}: name a {', '.join('.' + f for f in PLOT_FORMATS)} file, "
+                          "e.g. -o run.png")
+    folder = os.path.dirname(os.path.abspath(out_path))
+    if not os.path.isdir(folder):
+        raise ExportError(f"cannot plot to {out_path!r}: directory {folder} does not exist; create it first")
 
 
 def plot_run(run: Run, out_path: str) -> dict[str, Any]:
@@ -59,10 +75,15 @@ def plot_run(run: Run, out_path: str) -> dict[str, Any]:
     ax_lag.set(xlabel="policy lag per step (learner version - behaviour version)", ylabel="steps",
                title=f"Policy lag ({len(lags)} steps with known versions)")
     ax_lag.xaxis.get_major_locator().set_params(integer=True)
-    fig.suptitle(f"{run.manifest.get('algorithm')} on {run.manifest.get('env')}")
+    # names from the manifest are text, never mathtext ('$...$' in a hostile env name must not be parsed)
+    fig.suptitle(f"{run.manifest.get('algorithm')} on {str(run.manifest.get('env'))[:120]}", parse_math=False)
     fig.tight_layout()
-    fig.savefig(out_path, dpi=100)
-    plt.close(fig)
+    try:
+        fig.savefig(out_path, dpi=100)
+    except OSError as e:
+        raise ExportError(f"cannot write {out_path} ({e.strerror or e}); choose a writable path") from None
+    finally:
+        plt.close(fig)
     values, counts = np.unique(lags, return_counts=True)
     summary["lags"] = {int(v): int(c) for v, c in zip(values, counts)}
     return summary

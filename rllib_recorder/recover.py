@@ -6,7 +6,7 @@ import glob
 import os
 from typing import Any
 
-from rllib_recorder import h5repair, probe, schema
+from rllib_recorder import durable, h5repair, probe, schema
 from rllib_recorder.errors import SchemaError
 from rllib_recorder.liveness import recording_now
 from rllib_recorder.manifest import now_iso, place_files, read_manifest, write_manifest
@@ -117,7 +117,7 @@ def recover_file(path: str, rewrite: bool = True) -> dict[str, Any]:
                 schema.validate_header(h5, path)
                 dirty = schema.uncommitted_rows(h5)
         if empty:
-            os.replace(path, f"{path}.empty")
+            durable.replace(path, f"{path}.empty")
             return {"renamed_to": os.path.basename(path) + ".empty", "env_steps": 0}
         dropped = schema.rewrite_committed(path) if rewrite or dirty else {}
         with schema.open_h5(path, "r") as h5:

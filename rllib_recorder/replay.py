@@ -79,13 +79,23 @@ def load_callable(target: str) -> Callable[[Any], Any]:
     return fn
 
 
+# Modules a recorded env name may ask to import (gymnasium's "module:id" form): env packages that register
+# gymnasium ids and do nothing else. A manifest naming any other module gets "pass --env".
+ENV_MODULES = ("ale_py",)
+GYM_ID = re.compile(r"(?:(?P<module>[A-Za-z_][A-Za-z0-9_.]*):)?(?P<id>[A-Za-z0-9_./-]{1,200})")
+
+
 def env_factory(run: Run, env: str | None = None) -> tuple[str, Callable[[], Any]]:
-    """(name, make) for the env to re-simulate in: ``env`` or, when None, the run's recorded env.
+    """(name, make) for the env to re-simulate in: ``env`` (typed by the user) or, when None, the run's recorded
+    env.
 
     ``env`` is a gymnasium id (``CartPole-v1``; ``ale_py:ALE/Breakout-v5`` registers ale_py first), an env name
     the recorder gave RLlib's Atari wrappers (``ale_py:ALE/Breakout-v5-atari84x4``) or ``module:function``
-    (called with the run's env_config).
+    (called with the run's env_config). The run's own env name is data: it is used only when it is a gymnasium id
+    registered here (a ``module:`` prefix only from ``ENV_MODULES``) or such an id with the Atari wrappers;
+    nothing a recording names is imported or called otherwise.
     """
+    trusted = env is not None
     name = env or run.manifest.get("env")
     if not name or name == "None":
         raise ReplayError(f"run {run.path} records no env name; pass --env")
@@ -94,17 +104,46 @@ def env_factory(run: Run, env: str | None = None) -> tuple[str, Callable[[], Any
     if atari:
         from rllib_recorder.experiment import make_atari_env
 
+        if not trusted:
+            _recorded_gym_id(run, atari["id"], name)
         dim, stack = int(atari["dim"]), int(atari["stack"])
+        if not (1 <= dim <= 1024 and 1 <= stack <= 64):
+            raise ReplayError(f"env {name!r}: an Atari frame of {dim} pixels with {stack} frames stacked is not "
+                              "what RLlib's Atari wrappers make; pass --env")
         return name, lambda: make_atari_env(atari["id"], dim, stack, env_config)
     module, _, attr = name.partition(":")
-    if attr.isidentifier():
+    if attr.isidentifier() and (trusted or module not in ENV_MODULES):
+        if not trusted:
+            raise ReplayError(f"run {run.path} names its env {name!r}, a Python function; a recording's contents "
+                              f"are never imported or run: pass --env {name} if you trust that code, or a "
+                              "gymnasium id")
         try:
             fn = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as e:
             raise ReplayError(f"env {name!r} cannot be imported ({e}); "
                               "give a gymnasium id or 'module:function'") from None
         return name, lambda: fn(env_config)
+    if not trusted:
+        _recorded_gym_id(run, name, name)
     return name, lambda: _gym_make(name, env_config)
+
+
+def _recorded_gym_id(run: Run, gym_id: str, name: str) -> None:
+    """ReplayError unless ``gym_id`` (from the run's manifest) is a gymnasium id registered here, after importing
+    at most one of ``ENV_MODULES``."""
+    import gymnasium as gym
+
+    match = GYM_ID.fullmatch(gym_id)
+    module = match["module"] if match else None
+    if not match or (module is not None and module not in ENV_MODULES):
+        raise ReplayError(f"run {run.path} names its env {name[:200]!r}, which is not a gymnasium id (a recording's "
+                          "contents are never imported or run); pass --env with the env to use")
+    if module is not None:
+        gym.register_envs(importlib.import_module(module))
+    if match["id"] not in gym.registry:
+        raise ReplayError(f"run {run.path} was recorded in env {name[:200]!r}, which is not a gymnasium id "
+                          "registered here (an env registered with tune.register_env, or a package not "
+                          "installed); pass --env with a gymnasium id or 'module:function'")
 
 
 def check_episode(episode: Episode, make_env: Callable[[], Any], env_name: str) -> Mismatch | None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import h5py
 
-from rllib_recorder import schema
+from rllib_recorder import durable, schema
 from rllib_recorder.convert import Chunk
 from rllib_recorder.staleness import chunk_learner_version, count_lags, step_lags
 from rllib_recorder.errors import RecorderError, WriterError
@@ -224,6 +224,7 @@ class RecordingWriter:
         if key not in self._files:
             worker_index, is_evaluation = key
             path = os.path.join(self.run_dir, schema.file_name(worker_index, is_evaluation, self.file_tag))
+            created = not os.path.exists(path)
             h5 = schema.open_for_append(path, {
                 "run_id": self.run_id, "worker_index": worker_index, "is_evaluation": is_evaluation,
             }, self.storage.file_space)
@@ -234,6 +235,9 @@ class RecordingWriter:
                     f"{path} belongs to run {owner!r}, not {self.run_id!r}; "
                     "record each run into its own directory"
                 )
+            if created and self.storage.fsync:  # the new file's name, not only its bytes, survives a power loss
+                h5.flush()
+                durable.fsync_dir(self.run_dir)
             self._files[key] = h5
             self._columns[key] = schema.OpenColumns(h5)
             # Whatever the file holds when opened counts as data (a conservative start).

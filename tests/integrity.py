@@ -28,7 +28,7 @@ def check_run(run_dir: str, kind: str = "vector", multi_agent: bool = False,
                 numbers: dict[bytes, list[int]] = {}
                 for eps_id in f.episode_ids(agent):
                     episode = f.episode(eps_id, agent)
-                    numbers.setdefault(sender_of[eps_id.encode()], []).append(_check_episode(episode, kind, multi_agent))
+                    numbers.setdefault(sender_of[eps_id.encode()], []).append(_check_episode(episode, kind, multi_agent, allow_gaps))
                     returns[eps_id, agent] = episode.episode_return
                     steps += len(episode)
                 for sender, found in numbers.items():
@@ -40,19 +40,22 @@ def check_run(run_dir: str, kind: str = "vector", multi_agent: bool = False,
     return {"agent_steps": steps, "returns": returns, "streams": streams, "senders": senders_seen}
 
 
-def _check_episode(episode, kind: str, multi_agent: bool) -> int:
+def _check_episode(episode, kind: str, multi_agent: bool, allow_gaps: bool = False) -> int:
+    """Checks one stored episode value by value; returns its episode number. With ``allow_gaps`` (a run that lost
+    samples it counted, e.g. to a full disk) an episode may begin part-way: its first fragments were the lost ones."""
     ids = decode(episode.obs, kind)
     assert ids[0, 0] == episode.worker_index % 256, (ids[0], episode)
     assert (ids[:, 1] == ids[0, 1]).all(), f"{episode} mixes episodes"
-    np.testing.assert_array_equal(ids[:, 2], np.arange(len(ids)) % 256)
-    np.testing.assert_array_equal(episode.t, np.arange(len(episode)))
-    np.testing.assert_array_equal(episode.rewards, np.arange(1, len(episode) + 1))
+    t0 = int(episode.t[0]) if allow_gaps and len(episode) else 0
+    np.testing.assert_array_equal(ids[:, 2], (t0 + np.arange(len(ids))) % 256)
+    np.testing.assert_array_equal(episode.t, t0 + np.arange(len(episode)))
+    np.testing.assert_array_equal(episode.rewards, t0 + np.arange(1, len(episode) + 1))
     assert (episode.weights_seq_no >= 0).all() or (episode.weights_seq_no == -1).all()
     agent_a = episode.agent_id in ("a", "pa")  # new stack: agent ids; old stack: policy ids
     if multi_agent:
         assert (episode.obs[:, 3] == (0 if agent_a else 1)).all()
     if episode.terminateds.any():
-        expected = episode_length(int(ids[0, 1])) + (2 if multi_agent and agent_a else 0)
+        expected = episode_length(int(ids[0, 1])) + (2 if multi_agent and agent_a else 0) - t0
         assert len(episode) == expected, (episode, expected)
         assert episode.terminateds[-1] and not episode.terminateds[:-1].any()
         assert len(ids) == len(episode) + 1  # the final observation is kept
