@@ -258,13 +258,13 @@ class RunRecorder:
     def _commit_left_spools(self) -> list[dict[str, Any]] | None:
         """Commits here what is still in this node's spools after the writers closed (writers that died, or Ray
         shut down first); None if nothing was left."""
-        from rllib_recorder.recover import commit_spools
+        from rllib_recorder.recover import commit_spools_in_child
         from rllib_recorder.spoolfile import sender_dirs
 
         if next(sender_dirs(self.run_dir), None) is None:
             return None
-        try:
-            return commit_spools(self.run_dir, self.run_id, self.config)
+        try:  # in a child: HDF5 may crash a process that writes to a failing disk, and this is the user's driver
+            return commit_spools_in_child(self.run_dir, self.run_id, self.config, self.config.drain_timeout_s)
         except Exception as e:  # noqa: BLE001 - the spool stays; recover commits it
             self.errors["spool_commit"] += 1
             logger.error("rllib_recorder: committing the spools left in %s failed (%s: %s); run "

@@ -35,6 +35,47 @@ def commit_spools(run_dir: str, run_id: str, config: Any = None) -> list[dict[st
     return out
 
 
+def commit_spools_in_child(run_dir: str, run_id: str, config: Any, timeout_s: float) -> list[dict[str, Any]]:
+    """``commit_spools`` in a child Python process: HDF5 can crash the process that writes on a full or failing
+    disk (a segfault inside ``H5Fflush`` was seen), and the caller is the user's driver. A child that crashes,
+    hangs past ``timeout_s`` or fails leaves the spools as they were and raises ``SchemaError`` naming it."""
+    import json
+    import subprocess
+    import sys
+
+    request = json.dumps({"run_dir": run_dir, "run_id": run_id, "config": config.to_dict()})
+    try:
+        done = subprocess.run([sys.executable, "-c", "from rllib_recorder.recover import _commit_main; _commit_main()"],
+                              input=request.encode(), capture_output=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise SchemaError(f"committing the spools of {run_dir} took longer than {timeout_s:.0f} s") from None
+    if done.returncode != 0:
+        import signal
+
+        for leftover in glob.glob(os.path.join(glob.escape(run_dir), "*.rewrite-tmp")):  # the dead child's copy
+            os.remove(leftover)
+        text = done.stderr.decode(errors="replace")
+        ended = (f"killed by {signal.Signals(-done.returncode).name}" if done.returncode < 0
+                 else f"exit code {done.returncode}")
+        full = "No space left on device" in text
+        raise SchemaError(f"committing the spools of {run_dir} failed in its child process ({ended}"
+                          + ("; the disk is full: free space" if full else "") + "); the spools are kept")
+    return json.loads(done.stdout.decode())
+
+
+def _commit_main() -> None:
+    import json
+    import sys
+
+    from rllib_recorder.config import RecorderConfig
+
+    request = json.loads(sys.stdin.buffer.read())
+    settings = dict(request["config"])
+    settings["omit_env_config_keys"] = tuple(settings.get("omit_env_config_keys") or ())
+    stats = commit_spools(request["run_dir"], request["run_id"], RecorderConfig.from_dict(settings))
+    sys.stdout.write(json.dumps(stats, default=str))
+
+
 def recover_run(run_dir: str) -> dict[str, Any]:
     """Recovers every worker file of ``run_dir`` and finishes its manifest; returns what was done.
 
