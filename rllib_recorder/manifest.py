@@ -168,30 +168,32 @@ def _check_node(info: dict[str, Any], field: str, bad: Any) -> None:
             raise bad(f"{field}.{key}", f"is {_what(info[key])}, not {_STR}")
 
 
-_COUNT_PREFIXES = ("env_steps", "agent_steps", "chunks", "rows", "samples", "disk_bytes", "raw_bytes", "errors",
-                   "policy_lag_max", "policy_lag_p", "policy_lag_mean", "policy_lag_unknown", "learner",
-                   "runner_restarts", "duplicate", "backlog", "wait_s", "max_wait_s", "sampler_", "recording_s",
-                   "unacked", "unbound")
+# Every other field of ``totals`` and of each sender's stats is a number (or null).
+_TOTALS_OTHER = {"last_error": _STR, "run_dir": _STR, "senders": _DICT, "spool_leftovers": _DICT,
+                 "policy_lag_hist": _DICT}
+_SENDER_OTHER = {"last_error": _STR, "sender_id": _STR, "is_evaluation": "a boolean", "drop_causes": _DICT,
+                 "error_kinds": _DICT}
 
 
 def _check_counts(totals: dict[str, Any], bad: Any) -> None:
-    """Counts are numbers in range; senders map to objects of counts; nothing nests deeper than 4."""
+    """Counts are numbers in range; senders map to objects of counts; nothing nests deeper than 5."""
     _check_values(totals, "totals", bad, 0)
-    for key, value in totals.items():
-        if key.startswith(_COUNT_PREFIXES) and value is not None and not _is(value, _NUM):
-            raise bad(f"totals.{key[:40]}", f"is {_what(value)}, not {_NUM}")
-    for field in ("senders", "spool_leftovers", "policy_lag_hist"):
-        if totals.get(field) is not None and not isinstance(totals[field], dict):
-            raise bad(f"totals.{field}", f"is {_what(totals[field])}, not {_DICT}")
+    _check_stats(totals, "totals", _TOTALS_OTHER, bad)
     for sender, stats in (totals.get("senders") or {}).items():
         if not isinstance(stats, dict):
             raise bad(f"totals.senders.{sender[:40]}", f"is {_what(stats)}, not {_DICT} of counts")
-        for key, value in stats.items():
-            if key.startswith(_COUNT_PREFIXES) and value is not None and not _is(value, _NUM):
-                raise bad(f"totals.senders.{sender[:40]}.{key[:40]}", f"is {_what(value)}, not {_NUM}")
-            if key in ("drop_causes", "error_kinds") and value is not None and not (
-                    isinstance(value, dict) and all(_is(v, _NUM) for v in value.values())):
-                raise bad(f"totals.senders.{sender[:40]}.{key}", f"is {_what(value)}, not {_DICT} of counts")
+        _check_stats(stats, f"totals.senders.{sender[:40]}", _SENDER_OTHER, bad)
+        for key in ("drop_causes", "error_kinds"):
+            if not all(_is(v, _NUM) for v in (stats.get(key) or {}).values()):
+                raise bad(f"totals.senders.{sender[:40]}.{key}", f"is not {_DICT} of counts")
+
+
+def _check_stats(stats: dict[str, Any], field: str, other: dict[str, str], bad: Any) -> None:
+    for key, value in stats.items():
+        kind = other.get(key, _NUM)
+        fine = isinstance(value, bool) if kind == "a boolean" else _is(value, kind)
+        if value is not None and not fine:
+            raise bad(f"{field}.{key[:40]}", f"is {_what(value)}, not {kind}")
 
 
 def _check_values(value: Any, field: str, bad: Any, depth: int) -> None:
