@@ -20,16 +20,19 @@ Each problem is one ``ConfigError`` line: where, what is wrong, the fix.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import functools
 import importlib
+import logging
 import math
 import os
 import re
 import reprlib
+import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import yaml
 
@@ -298,6 +301,25 @@ def check_experiment(spec: ExperimentSpec) -> Any:
     multiagent = settings.get("multiagent")
     if multiagent is not None:
         settings["multiagent"] = _multiagent(multiagent, spec)
+    with _quiet():  # RLlib's notes on the config (e.g. 'running PPO on the new API stack') come when it runs
+        return _rllib_config(spec, algo_class, defaults, env, env_config, settings)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    logger = logging.getLogger("ray.rllib")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def _rllib_config(spec: ExperimentSpec, algo_class: type, defaults: Any, env: Any, env_config: dict,
+                  settings: dict) -> Any:
     config = defaults
     try:
         if env is not None:
@@ -306,13 +328,25 @@ def check_experiment(spec: ExperimentSpec) -> Any:
             config = config.environment(env_config=env_config)
         config = config.update_from_dict(settings)
     except Exception as e:  # RLlib's own checks of the values it is given
-        raise ConfigError(f"{spec.where}: RLlib refuses 'config:' ({_one_line(e)}); fix that setting") from None
+        key = _culprit(algo_class, settings)
+        raise ConfigError(f"{spec.where}: RLlib refuses 'config:{f' {key}:' if key else ''}' ({_one_line(e)}); "
+                          "fix that setting") from None
     try:
         config.copy(copy_frozen=False).validate()
     except Exception as e:
         raise ConfigError(f"{spec.where}: RLlib refuses 'config:' for {spec.run} ({_one_line(e)}); "
                           "fix that setting") from None
     return config
+
+
+def _culprit(algo_class: type, settings: dict) -> str | None:
+    """The first setting RLlib refuses on its own (for the message; None if only a combination fails)."""
+    for key, value in settings.items():
+        try:
+            algo_class.get_default_config().update_from_dict({key: copy.deepcopy(value)})
+        except Exception:
+            return key
+    return None
 
 
 def _one_line(error: BaseException) -> str:
