@@ -60,6 +60,8 @@ ROUTED_KEYS = frozenset({"multiagent", "model", "optimizer", "exploration_config
                          "sample_collector", "callbacks_class"})
 SCHEDULE_SUFFIXES = ("lr", "entropy_coeff", "epsilon")  # numbers that may also be a [[t, value], ...] schedule
 MAX_NODES = 200_000
+COUNT = re.compile(r"^(evaluation_)?num_(?!cpus|gpus)")  # num_env_runners, num_epochs, ...: whole numbers
+MAX_COUNT = 1_000_000
 
 _show = reprlib.Repr()
 _show.maxstring = _show.maxother = 60
@@ -115,6 +117,20 @@ def make_atari_env(env_id: str, dim: int, framestack: int | None, env_config: di
 # ----------------------------------------------------------------------------------------------------- loading
 
 
+def _one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Every ConfigError leaves ``fn`` as one line (a name in the file may hold a line break)."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ConfigError as e:
+            if len(str(e).splitlines()) <= 1:
+                raise
+            raise ConfigError(" ".join(str(e).split())) from None
+    return wrapper
+
+
+@_one_line_errors
 def load_experiment(path: str, *, stop_iters: int | None = None, stop_timesteps: int | None = None,
                     output_dir: str | None = None) -> ExperimentSpec:
     """Reads the (single) experiment of a YAML file and applies command-line overrides.
@@ -176,8 +192,8 @@ def load_experiment(path: str, *, stop_iters: int | None = None, stop_timesteps:
             raise ConfigError(f"{at}: 'stop:' key {_show.repr(key)} is not a result name; e.g. "
                               "'stop: {training_iteration: 5}'")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
-            raise ConfigError(f"{at}: 'stop: {key}:' must be a number >= 0 (train until the result reaches it), "
-                              f"e.g. '{key}: 5'; it is {_what(value)}")
+            raise ConfigError(f"{at}: 'stop: {_key(key)}:' must be a number >= 0 (train until the result reaches it), "
+                              f"e.g. '{_key(key)}: 5'; it is {_what(value)}")
     recorder = dict(_mapping(body.get("recorder"), f"{at}: 'recorder:'",
                              "the recorder's settings, e.g. 'recorder: {output_dir: recordings}'"))
     if output_dir is not None:
@@ -287,6 +303,7 @@ def _atari_options(value: Any, at: str) -> dict[str, Any] | None:
 # ----------------------------------------------------------------------------------------------------- checking
 
 
+@_one_line_errors
 def check_experiment(spec: ExperimentSpec) -> Any:
     """Resolves what the experiment names (see the module docstring for what may be imported) and checks its
     RLlib ``config:``; returns the AlgorithmConfig without the recorder. Starts no Ray and writes no file.
@@ -329,7 +346,7 @@ def _rllib_config(spec: ExperimentSpec, algo_class: type, defaults: Any, env: An
         config = config.update_from_dict(settings)
     except Exception as e:  # RLlib's own checks of the values it is given
         key = _culprit(algo_class, settings)
-        raise ConfigError(f"{spec.where}: RLlib refuses 'config:{f' {key}:' if key else ''}' ({_one_line(e)}); "
+        raise ConfigError(f"{spec.where}: RLlib refuses 'config:{f' {_key(key)}:' if key else ''}' ({_one_line(e)}); "
                           "fix that setting") from None
     try:
         config.copy(copy_frozen=False).validate()
@@ -378,17 +395,17 @@ def _algorithm(spec: ExperimentSpec) -> tuple[type, Any]:
         elif not spec.run.startswith("__") and _global_registry.contains(TRAINABLE_CLASS, spec.run):
             algo_class = _global_registry.get(TRAINABLE_CLASS, spec.run)  # registered by a `register:` module
             if not (isinstance(algo_class, type) and issubclass(algo_class, Algorithm)):
-                raise ConfigError(f"{spec.where}: 'run: {spec.run}' is a Tune trainable, not an RLlib algorithm; "
+                raise ConfigError(f"{spec.where}: 'run: {_key(spec.run)}' is a Tune trainable, not an RLlib algorithm; "
                                   f"use one of {', '.join(ALGORITHMS)}")
         else:
-            raise ConfigError(f"{spec.where}: unknown algorithm 'run: {spec.run}'"
+            raise ConfigError(f"{spec.where}: unknown algorithm 'run: {_key(spec.run)}'"
                               f"{_did_you_mean(spec.run, ALGORITHMS)}; RLlib's algorithms are "
                               f"{', '.join(ALGORITHMS)} (or register your own with a 'register:' module)")
         return algo_class, algo_class.get_default_config()
     except ConfigError:
         raise
     except Exception as e:
-        raise ConfigError(f"{spec.where}: 'run: {spec.run}' cannot be loaded ({_one_line(e)}); install what it "
+        raise ConfigError(f"{spec.where}: 'run: {_key(spec.run)}' cannot be loaded ({_one_line(e)}); install what it "
                           "needs or choose another algorithm") from None
 
 
@@ -410,22 +427,22 @@ def _env(spec: ExperimentSpec) -> Any:
     else:
         return _gym_id(spec, env)
     if not _is_module_name(module):
-        raise ConfigError(f"{spec.where}: 'env: {env}' is not a gymnasium id or 'module:Class' ({module!r} is not a "
+        raise ConfigError(f"{spec.where}: 'env: {_key(env)}' is not a gymnasium id or 'module:Class' ({module!r} is not a "
                           "module name)")
     if not _allowed(module, spec.register, BUILTIN_ENV_MODULES):
-        raise ConfigError(f"{spec.where}: 'env: {env}' would import module {module!r}, which the file does not list "
+        raise ConfigError(f"{spec.where}: 'env: {_key(env)}' would import module {module!r}, which the file does not list "
                           f"in 'register:'; add 'register: [{module}]' if you trust it, or give a gymnasium id")
     try:
         imported = importlib.import_module(module)
     except ImportError as e:
-        raise ConfigError(f"{spec.where}: 'env: {env}' cannot be imported ({_one_line(e)}); install the module or fix "
+        raise ConfigError(f"{spec.where}: 'env: {_key(env)}' cannot be imported ({_one_line(e)}); install the module or fix "
                           "the name") from None
     except (Exception, SystemExit) as e:
-        raise ConfigError(f"{spec.where}: 'env: {env}': importing {module!r} failed ({_one_line(e)})") from None
+        raise ConfigError(f"{spec.where}: 'env: {_key(env)}': importing {module!r} failed ({_one_line(e)})") from None
     if name.isidentifier() and hasattr(imported, name):
         env_class = getattr(imported, name)
         if not _is_env_class(env_class):
-            raise ConfigError(f"{spec.where}: 'env: {env}' is not an env class (a gymnasium.Env or RLlib "
+            raise ConfigError(f"{spec.where}: 'env: {_key(env)}' is not an env class (a gymnasium.Env or RLlib "
                               "MultiAgentEnv subclass); name one, or register an env creator with Tune's "
                               "register_env in a 'register:' module")
         return env_class
@@ -453,8 +470,8 @@ def _gym_id(spec: ExperimentSpec, env: str, gym_id: str | None = None) -> str:
                                   if category == ENV_CREATOR]
     hint = _did_you_mean(gym_id, names)
     if not hint and "/" in gym_id and ":" not in env:
-        hint = f" (an ALE id? write 'ale_py:{env}')"
-    raise ConfigError(f"{spec.where}: unknown env 'env: {env}'{hint}; give a registered gymnasium id "
+        hint = f" (an ALE id? write 'ale_py:{_key(env)}')"
+    raise ConfigError(f"{spec.where}: unknown env 'env: {_key(env)}'{hint}; give a registered gymnasium id "
                       "(e.g. CartPole-v1), 'module:Class' with the module in 'register:', or list the module that "
                       "registers it in 'register:'")
 
@@ -500,7 +517,7 @@ def _check_settings(settings: dict, defaults: Any, spec: ExperimentSpec, where: 
         if not isinstance(key, str):
             raise ConfigError(f"{spec.where}: '{where}' key {_show.repr(key)} is not a name; RLlib's settings are "
                               "named, e.g. 'num_env_runners: 2'")
-        at = f"{spec.where}: '{where} {key}:'"
+        at = f"{spec.where}: '{where} {_key(key)}:'"
         try:
             name = cls._translate_special_keys(key, warn_deprecated=True)
         except Exception as e:
@@ -545,6 +562,10 @@ def _check_value(at: str, key: str, value: Any, default: Any) -> None:
         if not isinstance(value, bool):
             raise ConfigError(f"{at} must be true or false; it is {_what(value)}")
     elif isinstance(default, (int, float)):
+        if COUNT.match(key) and type(default) is int:
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+                raise ConfigError(f"{at} must be a whole number from 0 to {MAX_COUNT}; it is {_what(value)}")
+            return
         if value is None or value == "auto" or isinstance(value, list) and key.endswith(SCHEDULE_SUFFIXES):
             return
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -555,6 +576,8 @@ def _check_value(at: str, key: str, value: Any, default: Any) -> None:
                 except ValueError:
                     pass
             raise ConfigError(f"{at} must be a number{hint}; it is {_what(value)}")
+        if key.startswith(("num_cpus", "num_gpus")) and not 0 <= value <= MAX_COUNT:
+            raise ConfigError(f"{at} must be a number from 0 to {MAX_COUNT}; it is {_what(value)}")
     elif isinstance(default, dict) and key != "policies":
         if not isinstance(value, dict):
             raise ConfigError(f"{at} must be a mapping; it is {_what(value)}")
@@ -695,17 +718,17 @@ def _register_atari(spec: ExperimentSpec) -> str:
             from None
     if module and module != "ale_py":
         if not _is_module_name(module) or not _allowed(module, spec.register, BUILTIN_ENV_MODULES):
-            raise ConfigError(f"{spec.where}: 'env: {env}' would import module {module!r}, which the file does not "
+            raise ConfigError(f"{spec.where}: 'env: {_key(env)}' would import module {module!r}, which the file does not "
                               f"list in 'register:'; add 'register: [{module}]' if you trust it")
         try:
             _register_envs(module)
         except (Exception, SystemExit) as e:
-            raise ConfigError(f"{spec.where}: 'env: {env}' cannot be imported ({_one_line(e)})") from None
+            raise ConfigError(f"{spec.where}: 'env: {_key(env)}' cannot be imported ({_one_line(e)})") from None
     import gymnasium as gym
 
     if gym_id not in gym.registry:
         names = [n for n in gym.registry if n.startswith("ALE/")]
-        raise ConfigError(f"{spec.where}: unknown ALE env 'env: {env}'{_did_you_mean(gym_id, names)}; "
+        raise ConfigError(f"{spec.where}: unknown ALE env 'env: {_key(env)}'{_did_you_mean(gym_id, names)}; "
                           "'atari_wrappers:' takes an ALE id, e.g. 'env: ale_py:ALE/Breakout-v5'")
     dim, framestack = options["dim"], options["framestack"]
     name = f"{spec.env}-atari{dim}x{framestack or 1}"

@@ -279,7 +279,7 @@ class Harness:
             self.check(self.load(self.path))
         except ConfigError as e:
             message = str(e)
-            outcome, detail = ("error", message) if message and "\n" not in message and "\r" not in message \
+            outcome, detail = ("error", message) if len(message.splitlines()) == 1 \
                 else ("violation", f"ConfigError not one line: {message!r}")
         except Exception as e:  # noqa: BLE001 - anything else is what this looks for
             outcome, detail = "violation", f"{type(e).__name__}: {e}"
