@@ -112,7 +112,8 @@ def _assert_one_line_error(proc, before, after, message):
 # The cases (and a few more) as real child processes; the rest through click's runner in this process.
 CHILD = ["syntax_error", "not_utf8", "list_at_top", "recorder_a_list", "unknown_recorder_setting", "unknown_algorithm",
          "unknown_rllib_setting", "unknown_env", "env_config_a_string", "stop_a_list", "stop_value_text",
-         "python_tag", "env_os_system", "rllib_refuses_a_value"]
+         "python_tag", "env_os_system", "rllib_refuses_a_value",
+         "ale_id_without_module"]  # in a fresh process: here ale_py may have registered its ids already
 
 
 @pytest.mark.parametrize("name", CHILD)
@@ -124,6 +125,7 @@ def test_train_on_a_bad_yaml_says_one_line_and_exits_2_before_anything(tmp_path,
 @pytest.mark.parametrize("name", sorted(set(BAD) - set(CHILD)))
 def test_train_in_process_on_a_bad_yaml_says_one_line_and_never_starts_ray(tmp_path, monkeypatch, name):
     import ray
+    import ray.tune
     from click.testing import CliRunner
 
     from rllib_recorder.cli import main
@@ -132,6 +134,7 @@ def test_train_in_process_on_a_bad_yaml_says_one_line_and_never_starts_ray(tmp_p
         raise AssertionError("ray.init called")
 
     monkeypatch.setattr(ray, "init", no_ray)
+    monkeypatch.setattr(ray.tune, "Tuner", no_ray)  # the test session's Ray may be up already
     monkeypatch.chdir(tmp_path)
     data, message = BAD[name]
     (tmp_path / "exp.yaml").write_bytes(data if isinstance(data, bytes) else data.encode())
