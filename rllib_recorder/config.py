@@ -126,7 +126,7 @@ class RecorderConfig:
         if unknown:
             close = difflib.get_close_matches(unknown[0], known, n=1) if isinstance(unknown[0], str) else []
             raise ConfigError(
-                f"unknown recorder setting {reprlib.repr(unknown[0])}; valid settings are: {', '.join(sorted(known))}"
+                f"unknown recorder setting {_short.repr(unknown[0])}; valid settings are: {', '.join(sorted(known))}"
                 + (f" (did you mean {close[0]!r}?)" if close else "")
             )
         return cls(**settings)
@@ -154,8 +154,12 @@ class RecorderConfig:
         return path
 
 
+_short = reprlib.Repr()
+_short.maxstring = _short.maxother = 80
+
+
 def _fail(field: str, value: Any, fix: str) -> None:
-    raise ConfigError(f"invalid recorder setting {field}={reprlib.repr(value)}: {fix}")
+    raise ConfigError(f"invalid recorder setting {field}={_short.repr(value)}: {fix}")
 
 
 def absolute_output_dir(path: str) -> str:
@@ -171,7 +175,8 @@ def _check_type(config: RecorderConfig) -> None:
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         optional = str(f.type).endswith(" | None")
-        expected = {"int": int, "float": (int, float), "bool": bool, "str": str}.get(str(f.type).removesuffix(" | None"))
+        kind = str(f.type).removesuffix(" | None")
+        expected = {"int": int, "float": (int, float), "bool": bool, "str": str}.get(kind)
         if expected is None or value is None and optional:
             continue
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):

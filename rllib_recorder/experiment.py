@@ -427,16 +427,17 @@ def _env(spec: ExperimentSpec) -> Any:
     else:
         return _gym_id(spec, env)
     if not _is_module_name(module):
-        raise ConfigError(f"{spec.where}: 'env: {_key(env)}' is not a gymnasium id or 'module:Class' ({module!r} is not a "
-                          "module name)")
+        raise ConfigError(f"{spec.where}: 'env: {_key(env)}' is not a gymnasium id or 'module:Class' "
+                          f"({module!r} is not a module name)")
     if not _allowed(module, spec.register, BUILTIN_ENV_MODULES):
-        raise ConfigError(f"{spec.where}: 'env: {_key(env)}' would import module {module!r}, which the file does not list "
-                          f"in 'register:'; add 'register: [{module}]' if you trust it, or give a gymnasium id")
+        raise ConfigError(f"{spec.where}: 'env: {_key(env)}' would import module {module!r}, which the file "
+                          f"does not list in 'register:'; add 'register: [{module}]' if you trust it, or give a "
+                          "gymnasium id")
     try:
         imported = importlib.import_module(module)
     except ImportError as e:
-        raise ConfigError(f"{spec.where}: 'env: {_key(env)}' cannot be imported ({_one_line(e)}); install the module or fix "
-                          "the name") from None
+        raise ConfigError(f"{spec.where}: 'env: {_key(env)}' cannot be imported ({_one_line(e)}); "
+                          "install the module or fix the name") from None
     except (Exception, SystemExit) as e:
         raise ConfigError(f"{spec.where}: 'env: {_key(env)}': importing {module!r} failed ({_one_line(e)})") from None
     if name.isidentifier() and hasattr(imported, name):
@@ -718,8 +719,8 @@ def _register_atari(spec: ExperimentSpec) -> str:
             from None
     if module and module != "ale_py":
         if not _is_module_name(module) or not _allowed(module, spec.register, BUILTIN_ENV_MODULES):
-            raise ConfigError(f"{spec.where}: 'env: {_key(env)}' would import module {module!r}, which the file does not "
-                              f"list in 'register:'; add 'register: [{module}]' if you trust it")
+            raise ConfigError(f"{spec.where}: 'env: {_key(env)}' would import module {module!r}, which the file "
+                              f"does not list in 'register:'; add 'register: [{module}]' if you trust it")
         try:
             _register_envs(module)
         except (Exception, SystemExit) as e:
