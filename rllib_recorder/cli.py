@@ -18,7 +18,7 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("experiment", type=click.Path(exists=True, dir_okay=False))
+@click.argument("experiment", type=click.Path())  # a missing or bad file: one 'error:' line from load_experiment
 @click.option("--stop-iters", type=int, default=None, help="Override stop: training_iteration.")
 @click.option("--stop-timesteps", type=int, default=None, help="Override stop: num_env_steps_sampled_lifetime.")
 @click.option("--output-dir", default=None, help="Override the recorder's output_dir.")
@@ -26,6 +26,10 @@ def main() -> None:
 def train(experiment: str, stop_iters: int | None, stop_timesteps: int | None, output_dir: str | None,
           num_cpus: int | None) -> None:
     """Train a Tune-style YAML EXPERIMENT with recording and print where it was stored.
+
+    The file is checked before Ray starts or anything is written: a bad file or setting gives one line
+    'error: ...' and exit code 2. It resolves only RLlib's algorithms, registered or gymnasium envs, the
+    recorder's Atari wrappers and the modules the file lists under 'register:'.
 
     Example: rllib-recorder train configs/cartpole-ppo.yaml --stop-iters 2
     """
@@ -35,8 +39,9 @@ def train(experiment: str, stop_iters: int | None, stop_timesteps: int | None, o
         spec = load_experiment(experiment, stop_iters=stop_iters, stop_timesteps=stop_timesteps,
                                output_dir=output_dir)
         run_dirs = run_experiment(spec, num_cpus=num_cpus, echo=click.echo)
-    except RecorderError as e:
-        raise click.ClickException(str(e)) from None
+    except RecorderError as e:  # as _guard: one line, exit 2
+        click.echo(f"error: {' '.join(str(e).split())}", err=True)
+        sys.exit(2)
     for run_dir in run_dirs:
         click.echo(f"recorded run: {run_dir}")
 

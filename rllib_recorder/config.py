@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
+import reprlib
 import tempfile
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -110,16 +112,17 @@ class RecorderConfig:
         _check_int(self, "writer_max_restarts", -1, "use -1 for unlimited restarts")
         _check_choice(self, "backpressure", BACKPRESSURE_POLICIES)
         _check_choice(self, "compression", COMPRESSIONS)
-        if self.coalesce_s < 0:
+        if not self.coalesce_s >= 0:  # also NaN
             _fail("coalesce_s", self.coalesce_s, "use a number of seconds >= 0")
-        if self.drain_timeout_s <= 0:
+        if not self.drain_timeout_s > 0:
             _fail("drain_timeout_s", self.drain_timeout_s, "use a number of seconds > 0")
-        if not str(self.output_dir).strip():
+        if not str(self.output_dir).strip() or "\0" in self.output_dir:
             _fail("output_dir", self.output_dir, "name a directory, e.g. 'recordings'")
         # Relative to where the user started the program, resolved now, in the process that makes the config:
         # Tune changes a trial's working dir to its trial dir before the recorder starts in it.
         object.__setattr__(self, "output_dir", absolute_output_dir(self.output_dir))
-        if self.run_name is not None and (not self.run_name or os.sep in self.run_name):
+        if self.run_name is not None and (not self.run_name.strip() or os.sep in self.run_name or "/" in self.run_name
+                                          or "\0" in self.run_name or self.run_name in (".", "..")):
             _fail("run_name", self.run_name, "use a plain directory name without '/'")
 
     @classmethod
@@ -127,11 +130,12 @@ class RecorderConfig:
         """Builds a config from a mapping (e.g. a YAML ``recorder:`` block)."""
         settings = dict(settings or {})
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(settings) - known)
+        unknown = sorted((k for k in settings if k not in known), key=repr)
         if unknown:
+            close = difflib.get_close_matches(unknown[0], known, n=1) if isinstance(unknown[0], str) else []
             raise ConfigError(
-                f"unknown recorder setting {unknown[0]!r}; valid settings are: "
-                f"{', '.join(sorted(known))}"
+                f"unknown recorder setting {_short.repr(unknown[0])}; valid settings are: {', '.join(sorted(known))}"
+                + (f" (did you mean {close[0]!r}?)" if close else "")
             )
         return cls(**settings)
 
@@ -158,8 +162,12 @@ class RecorderConfig:
         return path
 
 
+_short = reprlib.Repr()
+_short.maxstring = _short.maxother = 80
+
+
 def _fail(field: str, value: Any, fix: str) -> None:
-    raise ConfigError(f"invalid recorder setting {field}={value!r}: {fix}")
+    raise ConfigError(f"invalid recorder setting {field}={_short.repr(value)}: {fix}")
 
 
 def absolute_output_dir(path: str) -> str:
@@ -174,8 +182,10 @@ def absolute_output_dir(path: str) -> str:
 def _check_type(config: RecorderConfig) -> None:
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
-        expected = {"int": int, "float": (int, float), "bool": bool, "str": str}.get(str(f.type))
-        if expected is None or value is None and "None" in str(f.type):
+        optional = str(f.type).endswith(" | None")
+        kind = str(f.type).removesuffix(" | None")
+        expected = {"int": int, "float": (int, float), "bool": bool, "str": str}.get(kind)
+        if expected is None or value is None and optional:
             continue
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
             _fail(f.name, value, f"expected a value of type {f.type}")
