@@ -78,3 +78,20 @@ def damage(data: bytes, kind: str, at: int, size: int, rng) -> bytes:
     else:
         out = bytearray(rng.randbytes(max(1, at)))
     return bytes(out)
+
+
+def communicate_or_kill(proc, timeout: float, what: str) -> tuple[str, str]:
+    """(stdout, stderr) of a child started with ``start_new_session=True``; kills its process group and fails the
+    test when it has not ended within ``timeout`` seconds."""
+    import os
+    import signal
+    import subprocess
+
+    import pytest
+
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{what} did not end within {timeout} s: {(err or '')[-3000:]}")

@@ -22,6 +22,7 @@ from rllib_recorder import RecorderCallback
 from rllib_recorder.cli import main
 from rllib_recorder.inspect import verify_report
 from rllib_recorder.manifest import read_manifest
+from tests.helpers import communicate_or_kill
 from tests.integrity import check_run
 from tests.test_recording import ppo
 from tests.test_reliability import _session_pids
@@ -64,12 +65,7 @@ def _stored_all(run_dir: str) -> int:
 
 
 def _wait(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str]:
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        _, err = proc.communicate()
-        pytest.fail(f"the user's program did not end within {timeout} s: {err[-2000:]}")
+    _, err = communicate_or_kill(proc, timeout, "the user's program")
     return proc.returncode, err
 
 

@@ -22,6 +22,7 @@ from rllib_recorder.accounting import accounts
 from rllib_recorder.inspect import verify_report
 from rllib_recorder.reader import open_run
 from tests.envs import FailOnceEnv
+from tests.helpers import communicate_or_kill
 from tests.integrity import check_run
 from tests.test_real_use import _stored_all, figure
 from tests.test_recording import ppo
@@ -106,12 +107,7 @@ def _tune_program(mode: str, cwd: str) -> subprocess.Popen:
 
 
 def _results(proc: subprocess.Popen, timeout: float) -> tuple[list[dict], str]:
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"the Tune program did not end within {timeout} s: {err[-3000:]}")
+    out, err = communicate_or_kill(proc, timeout, "the Tune program")
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")], err
 
 
