@@ -14,7 +14,7 @@ import ray
 
 from rllib_recorder import durable
 from rllib_recorder.errors import GatherError, SchemaError
-from rllib_recorder.manifest import FILE_NAME, MANIFEST_NAME, now_iso, read_json, read_manifest, write_manifest
+from rllib_recorder.manifest import MANIFEST_NAME, now_iso, read_json, read_manifest, write_manifest
 
 PIECE_BYTES = 4 << 20
 MARKER_NAME = "gather.json"  # in the target while a gather is unfinished: which run it is gathering
@@ -37,10 +37,6 @@ class Source:
 def run_sources(run_dir: str, manifest: dict[str, Any]) -> list[Source]:
     """The files of a run: the manifest's ``files`` with their nodes, or (older runs) the ``*.h5`` here."""
     files = manifest.get("files")
-    bad = [name for name in (files or []) if not FILE_NAME.fullmatch(name)]  # read_manifest refused these already
-    if bad:
-        raise GatherError(f"{run_dir}: the manifest names {bad[0][:80]!r}, not a worker file name; gather copies "
-                          "only worker-NNN.h5 files into the target")
     if isinstance(files, dict):
         return [Source(name, info.get("node_id"), info.get("node_ip", ""), info.get("hostname", ""))
                 for name, info in sorted(files.items())]

@@ -102,7 +102,6 @@ _FIELDS = {
     "versions": _DICT, "spaces": _DICT, "recovery": _DICT, "gathered_from": _DICT, "attempts": _LIST,
     "env_config_omitted": _LIST,
 }
-_REQUIRED: tuple[str, ...] = ()  # older and hand-made manifests may lack any field but format
 
 
 def check_manifest(manifest: dict[str, Any], path: str) -> None:
@@ -113,14 +112,11 @@ def check_manifest(manifest: dict[str, Any], path: str) -> None:
         return SchemaError(f"{path}: {field} {problem}; this manifest was not written by rllib_recorder (or was "
                            "changed by hand): restore it from the run's source")
 
-    for field in _REQUIRED:
-        if field not in manifest:
-            raise bad(field, "is missing")
     for field, kind in _FIELDS.items():
         value = manifest.get(field)
         if value is None and kind in (_DICT, _LIST) and field in manifest:
             del manifest[field]  # a null object or list reads as an absent one
-        if value is None and field not in _REQUIRED:
+        if value is None:  # older and hand-made manifests may lack any field but format
             continue
         if not _is(value, kind):
             raise bad(field, f"is {_what(value)}, not {kind}")

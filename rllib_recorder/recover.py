@@ -70,9 +70,7 @@ def _commit_main() -> None:
     from rllib_recorder.config import RecorderConfig
 
     request = json.loads(sys.stdin.buffer.read())
-    settings = dict(request["config"])
-    settings["omit_env_config_keys"] = tuple(settings.get("omit_env_config_keys") or ())
-    stats = commit_spools(request["run_dir"], request["run_id"], RecorderConfig.from_dict(settings))
+    stats = commit_spools(request["run_dir"], request["run_id"], RecorderConfig.from_dict(request["config"]))
     sys.stdout.write(json.dumps(stats, default=str))
 
 
