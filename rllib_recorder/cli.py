@@ -47,68 +47,29 @@ def train(experiment: str, stop_iters: int | None, stop_timesteps: int | None, o
 
 
 @main.command()
-@click.argument("run_dir", type=click.Path())
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for machines.")
-def info(run_dir: str, as_json: bool) -> None:
-    """Summarise a recorded RUN_DIR (steps, episodes, returns, size, policy lag, rates), or every run of a
-    Tune EXPERIMENT_DIR (one row per trial, and totals).
+@click.argument("path", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for machines (the same values, unrounded).")
+def info(path: str, as_json: bool) -> None:
+    """Report on a recorded run: what it is, what it holds, its policy lag and rates. Pointed at any other
+    folder (an output dir, a Tune experiment), list every run below it as a tree, with totals.
 
     \b
     Examples:
-      rllib-recorder info recordings/PPO_CartPole-v1_20261130-120000_ab12cd
-      rllib-recorder info recordings/my_tune_experiment
+      rllib-recorder info recordings/<run>
+      rllib-recorder info recordings
+      rllib-recorder info recordings/<run> --json
     """
-    from rllib_recorder.inspect import is_experiment_dir, summarize, summarize_experiment
+    from rllib_recorder import report
+    from rllib_recorder.inspect import summarize, summarize_folder
 
-    if is_experiment_dir(run_dir):
-        summary = _guard(lambda: summarize_experiment(run_dir))
-        click.echo(json.dumps(summary, indent=2, default=str) if as_json else _experiment_table(summary))
+    if os.path.isfile(os.path.join(path, "manifest.json")):
+        summary = _guard(lambda: summarize(path))
+        click.echo(json.dumps(summary, indent=2, default=str) if as_json else report.run_report(summary))
         return
-    summary = _guard(lambda: summarize(run_dir))
-    if as_json:
-        click.echo(json.dumps(summary, indent=2, default=str))
-        return
-    lag, rates = summary.pop("policy_lag"), summary.pop("rates")
-    for key, value in summary.items():
-        click.echo(f"{key:>22}: {value}")
-    click.echo(f"{'policy_lag':>22}: {_lag_text(lag)}")
-    click.echo(f"{'policy_lag_hist':>22}: {lag['hist']}")
-    click.echo(f"{'rates (env steps/s)':>22}: {_rates_text(rates)}")
-
-
-def _num(value: Any, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
-
-
-def _lag_text(lag: dict[str, Any]) -> str:
-    if not lag["steps"]:
-        return f"unknown for all {lag['unknown']} steps"
-    return (f"p50 {lag['p50']}, p90 {lag['p90']}, p99 {lag['p99']}, max {lag['max']}, mean {_num(lag['mean'], 2)} "
-            f"over {lag['steps']} steps ({lag['unknown']} unknown)")
-
-
-def _rates_text(rates: dict[str, Any]) -> str:
-    return (f"produced {_num(rates['produced_steps_per_s'])}, stored {_num(rates['stored_steps_per_s'])}, "
-            f"consumed {_num(rates['consumed_steps_per_s'])}; write delay p50 {_num(rates['write_delay_s_p50'], 2)} s, "
-            f"max {_num(rates['write_delay_s_max'], 2)} s")
-
-
-def _experiment_table(summary: dict[str, Any]) -> str:
-    columns = ("trial", "status", "env_steps", "files", "disk_bytes", "lag_p50", "lag_p99", "lag_max",
-               "produced_steps_per_s", "stored_steps_per_s", "consumed_steps_per_s")
-    heads = ("trial", "status", "env steps", "files", "disk bytes", "lag p50", "lag p99", "lag max",
-             "produced/s", "stored/s", "consumed/s")
-    rows = [[_num(r[c] if c != "trial" else r["trial"] or r["run_dir"]) for c in columns] for r in summary["runs"]]
-    totals = summary["totals"]
-    rows.append(["TOTAL", ",".join(f"{k}:{v}" for k, v in totals["status"].items()), str(totals["env_steps"]),
-                 str(totals["files"]), str(totals["disk_bytes"])] + [""] * (len(columns) - 5))
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
-    lines = [f"experiment {summary['experiment_dir']}: {totals['runs']} run(s)",
-             "  ".join(h.ljust(w) for h, w in zip(heads, widths))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
-    if summary["indexed_but_missing"]:
-        lines.append(f"in {'recorder_index.json'} but missing: {', '.join(summary['indexed_but_missing'])}")
-    return "\n".join(lines)
+    summary = _guard(lambda: summarize_folder(path))
+    click.echo(json.dumps(summary, indent=2, default=str) if as_json else report.folder_report(summary))
+    if summary["totals"]["unreadable"]:
+        sys.exit(1)
 
 
 @main.command()

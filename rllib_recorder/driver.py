@@ -21,7 +21,7 @@ from rllib_recorder import durable, lifecycle
 from rllib_recorder.config import RecorderConfig
 from rllib_recorder.errors import OutputDirError, RecorderError
 from rllib_recorder.index import entry_from_manifest, update_run
-from rllib_recorder.learner import hook_learners
+from rllib_recorder.learner import count_consumed, hook_learners
 from rllib_recorder.liveness import process_start
 from rllib_recorder.manifest import now_iso, read_manifest, versions, write_manifest
 from rllib_recorder.pool import Binding, WriterPool, current_node_id
@@ -104,6 +104,7 @@ class RunRecorder:
             self.bind(group)
         # After binding: every node with runners has its writers, and the learners report to all of them.
         self.learners_reporting = self._hook_learners(algorithm)
+        self.consumed = count_consumed(algorithm, start=self._before["env_steps_consumed"])
         self._install_stop_hook(algorithm)
         lifecycle.register(self)  # closed however the driver ends, also without algo.stop()
         logger.info("rllib_recorder: recording into %s", self.run_dir)
@@ -333,17 +334,21 @@ class RunRecorder:
         """TianJi's three rates since the last result: env steps produced, stored and consumed per second.
 
         Produced: sampled by the env runners (RLlib's lifetime count); stored: committed by the
-        writers; consumed: trained on by the learners. ``steps_not_stored`` is what the env runners
+        writers; consumed: handed to the learners to train on, each step once (not once per epoch or
+        minibatch; ``learner.ConsumedSteps``). ``steps_not_stored`` is what the env runners
         sampled and the writers have not committed (held, in flight, dropped or failed): writers that
         keep up hold it near one coalescing window.
         """
-        produced = int(_find(result, ("env_runners", "num_env_steps_sampled_lifetime"), 0) or 0)
-        consumed = int(_find(result, ("learners", "__all_modules__", "num_env_steps_trained_lifetime"), 0) or 0)
+        produced = int(_find(result, ("env_runners", "num_env_steps_sampled_lifetime"), None)
+                       or result.get("num_env_steps_sampled") or 0)  # the old API stack's lifetime count
+        # Trained on once: the steps handed to the learners (learner.ConsumedSteps), not RLlib's per-minibatch
+        # count; the old API stack counts each train batch once itself.
+        consumed = self.consumed.total if self.consumed is not None else int(result.get("num_env_steps_trained") or 0)
         now = (time.monotonic(), produced, stored, consumed)
         rates = interval_rates(self._rate_base, now)
         self._rate_base = now
         self._lifetime = {
-            "env_steps_sampled": produced, "env_steps_trained": consumed,
+            "env_steps_sampled": produced, "env_steps_consumed": consumed,
             "recording_s": now[0] - self._started_monotonic, "last_result_at_s": time.time(),
         }
         return {**rates, "steps_not_stored": max(0, produced - stored)}
@@ -431,7 +436,8 @@ def _earlier_totals(previous: dict[str, Any] | None) -> dict[str, Any]:
     totals = totals if isinstance(totals, dict) else {}
     senders = totals.get("senders")
     return {"senders": senders if isinstance(senders, dict) else {},
-            "env_steps_stored": int(totals.get("env_steps_stored") or 0)}
+            "env_steps_stored": int(totals.get("env_steps_stored") or 0),
+            "env_steps_consumed": int(totals.get("env_steps_consumed") or 0)}
 
 
 def tune_names(algorithm: Any) -> tuple[str | None, str | None]:

@@ -104,3 +104,69 @@ def _value(result: Any) -> Any:
     if hasattr(result, "ok"):
         return result.get() if result.ok else None
     return result
+
+
+class ConsumedSteps:
+    """Counts the env steps an algorithm hands its learners to train on: each step once per ``update()`` call.
+
+    RLlib's own ``learners/__all_modules__/num_env_steps_trained_lifetime`` adds a minibatch's whole batch
+    size for every minibatch of every epoch (PPO: 10,000 sampled steps read as 344,497 trained), so it can't
+    be set beside the steps sampled. This wraps ``algorithm.learner_group.update`` (an instance attribute; the
+    algorithm calls it on every training step) and counts the data handed in before RLlib's learner connector
+    adds its bootstrap steps: episodes by their env steps, batches by ``env_steps()``. Data handed over as
+    object references (APPO/IMPALA) is counted as RLlib counts it when it drops such an update: per reference,
+    ``rollout_fragment_length * num_envs_per_env_runner`` (or the per-learner train batch for batch references).
+    Updates RLlib dropped (asynchronous learners at capacity) are taken off again. A replay-based algorithm
+    (DQN, SAC) counts every replayed step each time it is drawn, so its consumed rate may exceed the produced one.
+    """
+
+    def __init__(self, learner_group: Any, config: Any, start: int = 0) -> None:
+        self.env_steps = start
+        self.learner_group = learner_group
+        self.config = config
+        self._dropped_at_start = float(getattr(learner_group, "_ts_dropped", 0) or 0)
+        original = learner_group.update
+
+        def update(*args: Any, **kwargs: Any) -> Any:
+            self.env_steps += self.count(kwargs)
+            return original(*args, **kwargs)
+
+        learner_group.update = update
+
+    @property
+    def total(self) -> int:
+        """Env steps handed to the learners so far, less those RLlib dropped."""
+        dropped = float(getattr(self.learner_group, "_ts_dropped", 0) or 0) - self._dropped_at_start
+        return max(0, int(self.env_steps - dropped))
+
+    def count(self, kwargs: dict[str, Any]) -> int:
+        data = kwargs.get("training_data")
+        get = (lambda name: getattr(data, name, None)) if data is not None else kwargs.get
+        try:
+            if get("episodes") is not None:
+                return sum(_episode_env_steps(e) for e in get("episodes"))
+            if get("batch") is not None:
+                return int(get("batch").env_steps())
+            if get("batches") is not None:
+                return sum(int(b.env_steps()) for b in get("batches"))
+            if get("episodes_refs") is not None:
+                return len(get("episodes_refs")) * int(self.config.get_rollout_fragment_length()) * int(
+                    self.config.num_envs_per_env_runner or 1)
+            if get("batch_refs") is not None:
+                return len(get("batch_refs")) * int(self.config.train_batch_size_per_learner)
+        except Exception as e:  # counting must never stop an update; the rate just reads low
+            logger.debug("rllib_recorder: counting the env steps of an update failed: %s", e)
+        return 0
+
+
+def _episode_env_steps(episode: Any) -> int:
+    env_steps = getattr(episode, "env_steps", None)
+    return int(env_steps()) if callable(env_steps) else len(episode)
+
+
+def count_consumed(algorithm: Any, start: int = 0) -> ConsumedSteps | None:
+    """Counts what ``algorithm``'s learners are given to train on (None without a learner group: old API stack)."""
+    group = getattr(algorithm, "learner_group", None)
+    if group is None or not callable(getattr(group, "update", None)):
+        return None
+    return ConsumedSteps(group, algorithm.config, start)

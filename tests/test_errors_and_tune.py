@@ -135,8 +135,10 @@ def test_asynchronous_appo_run_is_recorded_exactly_with_its_policy_lag(ray_sessi
     runner = CliRunner()
     shown = runner.invoke(main, ["info", run_dir])
     assert shown.exit_code == 0, shown.output
-    assert f"policy_lag_hist: {hist}" in shown.output
-    assert "rates (env steps/s): produced " in shown.output and "consumed -" not in shown.output
+    histogram = ", ".join(f"{k}: {v:,}" for k, v in hist.items())
+    assert f"  histogram    {histogram}" in shown.output.splitlines(), shown.output
+    rates = {line.split()[0]: line for line in shown.output.split("Rates (")[1].splitlines()[1:]}
+    assert all("steps/s" in rates[k] for k in ("produced", "stored", "consumed")), shown.output
     summary = json.loads(runner.invoke(main, ["info", run_dir, "--json"]).output)
     assert summary["policy_lag"]["hist"] == hist and summary["policy_lag"]["unknown"] == 0
     assert summary["policy_lag"]["max"] == int(lags.max())
@@ -179,17 +181,21 @@ def test_two_tune_trials_get_separate_complete_runs(ray_session, tmp_path):
             assert entry["env_steps"] == run.num_env_steps == counts["agent_steps"] > 0
             assert entry["trial"] == os.path.basename(run_dir) and entry["trial_name"] in run_dir
 
-    shown = CliRunner().invoke(main, ["info", experiment_dir])
-    assert shown.exit_code == 0, shown.output
-    lines = shown.output.splitlines()
-    assert lines[0] == f"experiment {experiment_dir}: 2 run(s)"
-    rows = {line.split()[0]: line.split() for line in lines[2:]}
-    for run_dir in run_dirs:
-        with open_run(run_dir) as run:
-            row = rows[run.manifest["trial_name"]]
-            assert row[1:5] == ["finished", str(run.num_env_steps), "1", str(os.path.getsize(run.files[0].path))]
-            assert row[5:8] == ["0", "0", "0"]  # PPO: lag p50, p99, max
-    total = sum(int(row[2]) for name, row in rows.items() if name != "TOTAL")
-    assert rows["TOTAL"][1:3] == ["finished:2", str(total)]
+    for folder in (experiment_dir, str(tmp_path / "rec")):  # the experiment, and the output dir above it
+        shown = CliRunner().invoke(main, ["info", folder])
+        assert shown.exit_code == 0, shown.output
+        lines = shown.output.splitlines()
+        total = 0
+        for run_dir in run_dirs:
+            with open_run(run_dir) as run:
+                row = next(line for line in lines if os.path.basename(run_dir) in line).split()
+                row = row[row.index(os.path.basename(run_dir)) + 1:]
+                steps = run.num_env_steps
+                assert row[:2] == ["finished", f"{steps:,}"], shown.output
+                assert row[6] == "0/0/0", shown.output  # after the size (2 tokens): PPO lag p50/p99/max
+                total += steps
+        assert lines[0].startswith(f"{folder}/: 2 runs, {total:,} env steps, "), shown.output
+        assert lines[0].endswith("(2 finished)")
+    assert f"{os.path.basename(experiment_dir)}/  (Tune experiment, 2 runs, {total:,} env steps" in shown.output
     summary = json.loads(CliRunner().invoke(main, ["info", experiment_dir, "--json"]).output)
     assert summary["totals"]["runs"] == 2 and summary["totals"]["env_steps"] == total

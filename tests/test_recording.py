@@ -106,6 +106,18 @@ def test_train_results_carry_recorder_metrics(new_stack_run):
     assert metrics["policy_lag_max"] == 0  # synchronous PPO samples with the learner's weights
 
 
+def test_consumed_counts_each_trained_step_once_not_per_epoch_or_minibatch(new_stack_run):
+    run_dir, results, _ = new_stack_run
+    for result in results:  # PPO trains on every step it sampled in the iteration, once
+        sampled = result["env_runners"]["num_env_steps_sampled_lifetime"]
+        assert result["recorder"]["env_steps_consumed"] == result["recorder"]["env_steps_sampled"] == sampled
+        assert 0 < result["recorder"]["consumed_steps_per_s"] <= result["recorder"]["produced_steps_per_s"] * 1.0001
+    # RLlib's own count adds the whole batch for every minibatch: the reason not to use it
+    assert results[-1]["learners"]["__all_modules__"]["num_env_steps_trained_lifetime"] > 1.5 * sampled
+    with open_run(run_dir) as run:
+        assert run.manifest["totals"]["env_steps_consumed"] == sampled
+
+
 def test_manifest_describes_the_run(new_stack_run):
     run_dir, _, _ = new_stack_run
     with open_run(run_dir) as run:
@@ -165,6 +177,8 @@ def test_recorded_runs_read_back_exactly(ray_session, tmp_path, obs_kind, old_st
     )
     counts = check_run(run_dir, obs_kind, multi_agent=multi_agent)
     assert results[-1]["recorder"]["errors"] == 0
+    # consumed: each sampled step trained on once, on both API stacks (the old one counts train batches itself)
+    assert results[-1]["recorder"]["env_steps_consumed"] == results[-1]["recorder"]["env_steps_sampled"] > 0
     finished = {eps_id for eps_id, _ in counts["returns"]}
     if not multi_agent:  # RLlib's own returns of every episode that ended, against ours
         assert logged and all(counts["returns"][e["id"], "default_agent"] == e["return"] for e in logged if e["id"] in finished)
