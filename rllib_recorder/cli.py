@@ -23,9 +23,12 @@ def main() -> None:
 @click.option("--stop-timesteps", type=int, default=None, help="Override stop: num_env_steps_sampled_lifetime.")
 @click.option("--output-dir", default=None, help="Override the recorder's output_dir.")
 @click.option("--num-cpus", type=int, default=None, help="CPUs for ray.init (default: all).")
+@click.option("-v", "--verbose", is_flag=True, help="Show Ray's, RLlib's and Tune's own output (logs, warnings, "
+              "Tune's tables) instead of the progress table.")
 def train(experiment: str, stop_iters: int | None, stop_timesteps: int | None, output_dir: str | None,
-          num_cpus: int | None) -> None:
-    """Train a Tune-style YAML EXPERIMENT with recording and print where it was stored.
+          num_cpus: int | None, verbose: bool) -> None:
+    """Train a Tune-style YAML EXPERIMENT with recording: a live table of its trials while it trains, then
+    where each run was stored, what it holds and whether it verifies.
 
     The file is checked before Ray starts or anything is written: a bad file or setting gives one line
     'error: ...' and exit code 2. It resolves only RLlib's algorithms, registered or gymnasium envs, the
@@ -33,17 +36,37 @@ def train(experiment: str, stop_iters: int | None, stop_timesteps: int | None, o
 
     Example: rllib-recorder train configs/cartpole-ppo.yaml --stop-iters 2
     """
-    from rllib_recorder.experiment import load_experiment, run_experiment
+    import time
 
+    from rllib_recorder.experiment import build_config, describe, load_experiment, run_experiment
+
+    started = time.monotonic()
     try:
         spec = load_experiment(experiment, stop_iters=stop_iters, stop_timesteps=stop_timesteps,
                                output_dir=output_dir)
-        run_dirs = run_experiment(spec, num_cpus=num_cpus, echo=click.echo)
+        config = build_config(spec)  # every check before anything is shown, Ray starts or a file is written
+        from rllib_recorder.progress import TrainProgress, next_commands, run_summary
+
+        click.echo(describe(spec))
+        progress = TrainProgress(spec.stop, live=not verbose and _terminal(), echo=click.echo)
+        with progress:
+            run_dirs = run_experiment(spec, num_cpus=num_cpus, echo=None, verbose=verbose,
+                                      callbacks=None if verbose else [progress], config=config)
     except RecorderError as e:  # as _guard: one line, exit 2
         click.echo(f"error: {' '.join(str(e).split())}", err=True)
         sys.exit(2)
+    from rllib_recorder.report import human_duration
+
+    click.echo(f"\ntrained and recorded {len(run_dirs)} run(s) in {human_duration(time.monotonic() - started)}")
     for run_dir in run_dirs:
-        click.echo(f"recorded run: {run_dir}")
+        for line in run_summary(run_dir):
+            click.echo(line)
+    for line in next_commands(run_dirs):
+        click.echo(line)
+
+
+def _terminal() -> bool:
+    return sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
 
 
 @main.command()
@@ -82,7 +105,9 @@ def verify(run_dir: str) -> None:
     """
     from rllib_recorder.inspect import verify_report
 
-    report = _guard(lambda: verify_report(run_dir))
+    with _progress() as bar:
+        task = bar.add_task("verifying files", total=_count_files(run_dir))
+        report = _guard(lambda: verify_report(run_dir, progress=lambda n: bar.advance(task, n)))
     for problem in report["problems"]:
         click.echo(f"problem: {problem}")
     for note in report["notes"]:
@@ -219,11 +244,18 @@ class _Guarded:
 
 
 def _progress() -> Any:
+    """A progress bar on stderr while it is a terminal; nothing at all in a pipe or a log."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=Console(stderr=True), transient=True)
+                    console=Console(stderr=True), transient=True, disable=not _terminal())
+
+
+def _count_files(run_dir: str) -> int | None:
+    import glob
+
+    return len(glob.glob(os.path.join(glob.escape(run_dir), "*.h5"))) or None
 
 
 @main.command()
@@ -236,7 +268,9 @@ def recover(run_dir: str) -> None:
     """
     from rllib_recorder.recover import recover_run
 
-    report = _guard(lambda: recover_run(run_dir))
+    with _progress() as bar:
+        task = bar.add_task("recovering files", total=_count_files(run_dir))
+        report = _guard(lambda: recover_run(run_dir, progress=lambda n: bar.advance(task, n)))
     for name, done in report["files"].items():
         click.echo(f"{name}: {done}")
     click.echo(f"recovered: {run_dir} holds {report['env_steps']} env steps, status {report['status']}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter, defaultdict
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -154,9 +154,9 @@ def verify_run(run_dir: str) -> list[str]:
     return verify_report(run_dir)["problems"]
 
 
-def verify_report(run_dir: str) -> dict[str, Any]:
+def verify_report(run_dir: str, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     """``problems`` (the run is not sound), ``notes`` (steps counted as not stored, by cause) and ``summary``
-    (``all N sampled env steps stored``, or how many are)."""
+    (``all N sampled env steps stored``, or how many are). ``progress(1)`` is called after each file."""
     problems: list[str] = []
     with open_run(run_dir) as run:
         live = liveness.recording_now(run_dir, run.manifest)
@@ -169,6 +169,8 @@ def verify_report(run_dir: str) -> dict[str, Any]:
             with schema.damaged_file_errors(f.path):
                 problems += [f"{os.path.basename(f.path)}: {p}" for p in _verify_file(f)]
                 stored += int(f.batches()["env_steps"].sum()) if f.commit["batches"] else 0
+            if progress is not None:
+                progress(1)
         runs = accounting.accounts(run.manifest, run.files)
         gaps, notes = accounting.check(runs, stored, ended=live is None)
     summary = accounting.summary_line(runs)

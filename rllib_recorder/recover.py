@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import Any
+from typing import Any, Callable
 
 from rllib_recorder import durable, h5repair, probe, schema
 from rllib_recorder.errors import SchemaError
@@ -74,14 +74,15 @@ def _commit_main() -> None:
     sys.stdout.write(json.dumps(stats, default=str))
 
 
-def recover_run(run_dir: str) -> dict[str, Any]:
+def recover_run(run_dir: str, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Recovers every worker file of ``run_dir`` and finishes its manifest; returns what was done.
 
     Idempotent. A file is rewritten from its committed rows when it holds rows past its
     commit record (a writer killed mid-append) or the run never finished; its committed
     rows are all read back on the way, so a damaged one raises ``SchemaError`` naming it.
     A file that a writer created but never committed to holds no data: it is renamed
-    ``*.h5.empty`` so that readers skip it. Leftover temporary files are removed.
+    ``*.h5.empty`` so that readers skip it. Leftover temporary files are removed. ``progress(1)`` is
+    called after each file.
     """
     if not os.path.isdir(run_dir):
         raise SchemaError(f"{run_dir} is not a directory; pass the run directory (it holds manifest.json)")
@@ -97,6 +98,8 @@ def recover_run(run_dir: str) -> dict[str, Any]:
     files: dict[str, Any] = {}
     for path in sorted(glob.glob(os.path.join(run_dir, "*.h5"))):
         files[os.path.basename(path)] = recover_file(path, rewrite=unfinished)
+        if progress is not None:
+            progress(1)
     committed = commit_spools(run_dir, str(manifest.get("run_id") or ""), _config(manifest)) if spooled else []
     for path in sorted(glob.glob(os.path.join(run_dir, "*.h5"))) if committed else []:  # new files, new rows
         files[os.path.basename(path)] = recover_file(path, rewrite=False)

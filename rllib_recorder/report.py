@@ -43,7 +43,7 @@ def human_duration(s: float | None) -> str:
     if s is None:
         return "unknown"
     if s < 10:
-        return f"{s:.2g} s" if s < 1 else f"{s:.1f} s"
+        return "0 s" if s < 0.005 else f"{s:.2f} s" if s < 1 else f"{s:.1f} s"
     s = int(round(s))
     if s < 60:
         return f"{s} s"
