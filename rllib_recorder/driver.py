@@ -51,7 +51,7 @@ def resolve_run_dir(output_dir: str, config: RecorderConfig, algorithm: Any) -> 
     if config.run_name:
         return os.path.join(output_dir, config.run_name)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    env = str(algorithm.config.env).split(".")[-1].replace("/", "_")[:40] if algorithm.config.env else "env"
+    env = re.sub(r"[^A-Za-z0-9_.-]+", "_", env_name(algorithm.config.env).rpartition(":")[2])[:40] or "env"
     return os.path.join(output_dir, f"{type(algorithm).__name__}_{env}_{stamp}_{uuid.uuid4().hex[:6]}")
 
 
@@ -313,7 +313,7 @@ class RunRecorder:
             "format": "rllib_recorder", "schema_version": _schema_version(), "run_id": self.run_id,
             "status": "running", "started_at": now_iso(), "finished_at": None,
             "versions": versions(), "algorithm": type(algorithm).__name__,
-            "env": str(config.env), **self._env_config(config.env_config),
+            "env": env_name(config.env), **self._env_config(config.env_config),
             "api_stack": "new" if config_is_new_stack(algorithm) else "old",
             "batch_mode": config.batch_mode, "num_env_runners": config.num_env_runners,
             "trial": tune_names(algorithm)[1],
@@ -461,6 +461,16 @@ def tune_trial(trial_dir: str | None) -> tuple[str | None, str | None]:
     """
     match = re.match(r"^(.*?_([0-9a-f]{5,8}_\d{5}))(_|$)", trial_dir or "")
     return (match.group(1), match.group(2)) if match else (None, None)
+
+
+def env_name(env: Any) -> str:
+    """The env as the user named it: a registered name or gymnasium id as given, an env class as
+    ``module:Class`` (what ``replay --env`` takes), anything else by its type."""
+    if isinstance(env, str):
+        return env
+    if isinstance(env, type):
+        return f"{env.__module__}:{env.__qualname__}"
+    return "None" if env is None else f"{type(env).__module__}:{type(env).__qualname__}"
 
 
 def config_is_new_stack(algorithm: Any) -> bool:

@@ -446,7 +446,7 @@ def _env(spec: ExperimentSpec) -> Any:
             raise ConfigError(f"{spec.where}: 'env: {_key(env)}' is not an env class (a gymnasium.Env or RLlib "
                               "MultiAgentEnv subclass); name one, or register an env creator with Tune's "
                               "register_env in a 'register:' module")
-        return env_class
+        return _register_class(env, name, env_class)
     import gymnasium as gym
 
     gym.register_envs(imported)
@@ -475,6 +475,34 @@ def _gym_id(spec: ExperimentSpec, env: str, gym_id: str | None = None) -> str:
     raise ConfigError(f"{spec.where}: unknown env 'env: {_key(env)}'{hint}; give a registered gymnasium id "
                       "(e.g. CartPole-v1), 'module:Class' with the module in 'register:', or list the module that "
                       "registers it in 'register:'")
+
+
+def _register_class(env: str, name: str, env_class: type) -> str:
+    """Registers an env class with Tune under its name as the file gives it (``MultiAgentCartPole`` for
+    ``ray.rllib.examples.envs.classes.multi_agent:MultiAgentCartPole``), so that RLlib, Tune's trial names and
+    the recording's manifest all say that name; the whole path when the short name is taken."""
+    import gymnasium as gym
+    from ray.tune.registry import ENV_CREATOR, _global_registry, register_env
+
+    creator = functools.partial(_make_class_env, env_class)
+    taken = name in gym.registry or _global_registry.contains(ENV_CREATOR, name) and not _same_creator(name, creator)
+    registered = env if taken else name
+    register_env(registered, creator)
+    return registered
+
+
+def _same_creator(name: str, creator: functools.partial) -> bool:
+    from ray.tune.registry import ENV_CREATOR, _global_registry
+
+    try:
+        known = _global_registry.get(ENV_CREATOR, name)
+    except Exception:  # noqa: BLE001 - unreadable: taken by something else
+        return False
+    return isinstance(known, functools.partial) and known.func is creator.func and known.args == creator.args
+
+
+def _make_class_env(env_class: type, env_config: Any) -> Any:
+    return env_class(env_config)
 
 
 def _make_gym_env(env_id: str, env_config: Any) -> Any:

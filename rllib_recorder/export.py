@@ -58,8 +58,9 @@ def export_minari(run: Run, out_dir: str, dataset_id: str | None = None, spaces:
                   progress: Callable[[int], None] | None = None) -> str:
     """Writes the run as a Minari dataset under ``out_dir`` (its MINARI_DATASETS_PATH); returns the dataset id.
 
-    Every stored episode (also an unfinished one) becomes a Minari episode; ``spaces`` are the env's
-    (observation, action) spaces, inferred from the stored data when None.
+    Every stored episode with its final observation becomes a Minari episode; ``spaces`` are the env's
+    (observation, action) spaces, inferred from the stored data when None. When the run's env is a gymnasium
+    id registered here, the dataset carries its ``EnvSpec``, so ``dataset.recover_environment()`` makes it.
     """
     minari = require_extra("minari")
     from minari.data_collector.episode_buffer import EpisodeBuffer
@@ -86,7 +87,7 @@ def export_minari(run: Run, out_dir: str, dataset_id: str | None = None, spaces:
             warnings.simplefilter("ignore", UserWarning)  # minari's advice on optional metadata (author email, ...)
             minari.create_dataset_from_buffers(
                 dataset_id, buffers, observation_space=observation_space, action_space=action_space,
-                algorithm_name=str(run.manifest.get("algorithm")), author="rllib_recorder",
+                env=recorded_env_spec(run), algorithm_name=str(run.manifest.get("algorithm")), author="rllib_recorder",
                 description=f"exported by rllib_recorder from {os.path.abspath(run.path)} "
                             f"(env {run.manifest.get('env')})",
             )
@@ -98,6 +99,25 @@ def export_minari(run: Run, out_dir: str, dataset_id: str | None = None, spaces:
         else:
             os.environ["MINARI_DATASETS_PATH"] = previous
     return dataset_id
+
+
+def recorded_env_spec(run: Run) -> Any:
+    """The gymnasium ``EnvSpec`` of the run's env when it is a plain gymnasium id registered here (a name the
+    recorder gave RLlib's Atari wrappers is not: its frames are not the raw env's); else None. The manifest is
+    data: only ids already registered (after at most importing ``ale_py``) are looked up."""
+    from rllib_recorder.errors import ReplayError
+    from rllib_recorder.replay import ATARI_NAME, _recorded_gym_id
+
+    name = run.manifest.get("env")
+    if not isinstance(name, str) or ATARI_NAME.match(name):
+        return None
+    try:
+        _recorded_gym_id(run, name, name)
+    except ReplayError:
+        return None
+    import gymnasium as gym
+
+    return gym.spec(name.rpartition(":")[2])
 
 
 def default_dataset_id(run: Run) -> str:

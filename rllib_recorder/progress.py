@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from ray.tune import Callback
 
-from rllib_recorder.report import human_bytes, human_count, human_duration, human_number
+from rllib_recorder.report import compression_text, human_bytes, human_count, human_duration, human_number
 
 COLUMNS = ("trial", "status", "iter", "env steps", "return mean", "stored", "on disk", "sampler wait", "errors",
            "time")
@@ -170,7 +170,7 @@ def run_summary(run_dir: str) -> list[str]:
     except RecorderError as e:
         return [f"recorded run: {shown}", f"  cannot be read: {' '.join(str(e).split())}"]
     ret = "" if s["return_mean"] is None else f" (return mean {human_number(s['return_mean'])})"
-    ratio = f", {s['compression_ratio']:.2g}x compressed" if s.get("compression_ratio") else ""
+    ratio = f", {compression_text(s['disk_bytes'], s['raw_bytes'])}" if s.get("compression_ratio") else ""
     if report["problems"]:
         check = f"NOT sound: {report['problems'][0]} ('rllib-recorder verify {shown}' lists all)"
     else:
@@ -184,16 +184,29 @@ def run_summary(run_dir: str) -> list[str]:
 
 
 def next_commands(run_dirs: list[str]) -> list[str]:
-    """The commands to try next on what ``train`` recorded."""
+    """The commands to try next on what ``train`` recorded (re-simulation and export for single-agent runs)."""
     if not run_dirs:
         return []
     run = display_path(run_dirs[0])
     parent = display_path(os.path.dirname(run_dirs[0]))
     lines = [("rllib-recorder info " + parent, "every run of the experiment, as a table"),
-             ("rllib-recorder info " + run, "one run in full: data, policy lag, rates"),
-             ("rllib-recorder replay " + run + " --check", "re-simulate every episode from its start state"),
-             ("rllib-recorder export " + run + " --to rllib -o bc-data", "RLlib's offline format, for BC/MARWIL/CQL")]
+             ("rllib-recorder info " + run, "one run in full: data, policy lag, rates")]
+    if _single_agent_new_stack(run_dirs[0]):
+        lines += [("rllib-recorder replay " + run + " --check", "re-simulate every episode from its start state"),
+                  ("rllib-recorder export " + run + " --to rllib -o bc-data", "RLlib's offline format (BC, MARWIL, CQL)")]
     return ["next:"] + [f"  {command}  # {what}" for command, what in lines]
+
+
+def _single_agent_new_stack(run_dir: str) -> bool:
+    from rllib_recorder.errors import RecorderError
+    from rllib_recorder.reader import open_run
+
+    try:
+        with open_run(run_dir) as run:
+            return run.manifest.get("api_stack") == "new" and all(
+                agent == "default_agent" for f in run.files for agent in f.agents)
+    except (RecorderError, OSError, KeyError):
+        return False
 
 
 def display_path(path: str) -> str:

@@ -270,6 +270,14 @@ class WorkerFile:
             self._h5.close()
             self._h5 = None
 
+    def __repr__(self) -> str:
+        if self._h5 is None:  # a repr must not open (and probe) a file
+            return f"WorkerFile({self.path!r}, not opened yet)"
+        commit = self.commit
+        rows = {agent: rows for agent, (rows, _) in commit["agents"].items()}
+        return (f"WorkerFile({self.path!r}, worker={self.worker_index}, evaluation={self.is_evaluation}, "
+                f"batches={commit['batches']}, rows={rows})")
+
 
 class Run:
     """A recorded run: its manifest and worker files; nothing is read until asked for."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -206,6 +207,11 @@ def check_run(run: Run, env: str | None = None, progress: Callable[[int], None] 
     if run.manifest.get("api_stack") == "old":
         raise ReplayError("this run can't be re-simulated: it was recorded on RLlib's old API stack, "
                           "which records no start states")
+    for f in run.files:
+        agents = [a for a in f.agents if a != "default_agent"]
+        if agents:
+            raise ReplayError(f"this run can't be re-simulated: it is multi-agent ({os.path.basename(f.path)} holds "
+                              f"agent {agents[0]!r}), and replay --check re-simulates single-agent runs only")
     name, make_env = env_factory(run, env)
     check_spaces(run, make_env, name)
     report = CheckReport(env=name, mismatches=[])

@@ -62,6 +62,15 @@ def _three(x: float, digits: int = 3) -> str:
     return text.rstrip("0").rstrip(".") if "." in text and "e" not in text else text
 
 
+def compression_text(disk: float | None, raw: float | None) -> str:
+    """``1.2x smaller than the raw 975 kB``, or how much larger a (small) file is than its raw arrays."""
+    if not disk or not raw:
+        return "compression unknown"
+    if raw >= disk:
+        return f"{raw / disk:.2g}x smaller than the raw {human_bytes(raw)}"
+    return f"larger than the raw {human_bytes(raw)} (HDF5's own structure outweighs a small run's data)"
+
+
 def _or_why(value: str | None, why: str | None) -> str:
     return value if value is not None else f"unknown ({why})" if why else "unknown"
 
@@ -101,9 +110,8 @@ def run_report(summary: dict[str, Any]) -> str:
                    f" max {human_number(summary['return_max'])})")
     episodes = f"{human_count(summary['episodes_finished'])} finished; " + _or_why(returns, why.get("return_mean"))
     disk = human_bytes(summary["disk_bytes"])
-    ratio = summary.get("compression_ratio")
-    disk += (f", {ratio:.2g}x smaller than the raw {human_bytes(summary['raw_bytes'])}" if ratio else
-             f"; compression unknown ({why.get('compression_ratio', 'no raw size counted')})")
+    disk += (f", {compression_text(summary['disk_bytes'], summary['raw_bytes'])}" if summary.get("compression_ratio")
+             else f"; compression unknown ({why.get('compression_ratio', 'no raw size counted')})")
     lost = summary.get("env_steps_not_stored")
     not_stored = (f"unknown ({why.get('env_steps_not_stored')})" if lost is None else
                   "nothing: every sampled env step is stored" if lost == 0 else

@@ -56,3 +56,21 @@ def test_multiagent_config_records_each_agent(ray_session, tmp_path):
         episode = next(run.episodes())
         assert episode.module_id in ("p0", "p1") and episode.obs.shape[1] == 4
         assert run.num_env_steps == result["env_runners"]["num_env_steps_sampled_lifetime"]
+        # the env's name as the file gives it, not RLlib's class repr ('<class ...MultiEnv>')
+        assert run.manifest["env"] == "MultiAgentCartPole"
+        assert os.path.basename(run_dir).startswith("PPO_MultiAgentCartPole_")  # outside Tune: <algo>_<env>_<time>_<id>
+    from click.testing import CliRunner
+
+    from rllib_recorder.cli import main
+
+    result = CliRunner().invoke(main, ["replay", run_dir, "--check"])  # says why, before looking for the env
+    assert result.exit_code == 2 and result.output.startswith(
+        "error: this run can't be re-simulated: it is multi-agent (worker-001.h5 holds agent '0')"), result.output
+
+
+def test_an_env_class_is_named_as_replay_takes_it():
+    from rllib_recorder.driver import env_name
+    from tests.envs import CountingEnv
+
+    assert env_name(CountingEnv) == "tests.envs:CountingEnv"  # what 'replay --env module:Class' takes
+    assert env_name("CartPole-v1") == "CartPole-v1" and env_name(None) == "None"

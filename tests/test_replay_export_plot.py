@@ -167,6 +167,11 @@ def test_export_minari_loads_in_minari(recorded_cartpole, tmp_path, monkeypatch)
     assert dataset.total_episodes == len(episodes)
     assert dataset.total_steps == sum(len(e) for e in episodes)
     assert dataset.spec.observation_space == gym_cartpole_spaces()[0]
+    env = dataset.recover_environment()  # the run's gymnasium id travels with the dataset as its EnvSpec
+    try:
+        assert env.spec.id == "CartPole-v1" and env.observation_space == gym_cartpole_spaces()[0]
+    finally:
+        env.close()
     for got, want in zip(dataset.iterate_episodes(), episodes):
         np.testing.assert_array_equal(got.observations, want.obs)
         np.testing.assert_array_equal(got.actions, want.actions)
