@@ -34,7 +34,9 @@ def train(experiment: str, stop_iters: int | None, stop_timesteps: int | None, o
     'error: ...' and exit code 2. It resolves only RLlib's algorithms, registered or gymnasium envs, the
     recorder's Atari wrappers and the modules the file lists under 'register:'.
 
-    Example: rllib-recorder train configs/cartpole-ppo.yaml --stop-iters 2
+    \b
+    Example (the run goes to recordings/<experiment>/<trial dir>; Tune's own files to recordings/_tune):
+      rllib-recorder train configs/cartpole-ppo.yaml --stop-iters 2
     """
     import time
 
@@ -77,7 +79,7 @@ def info(path: str, as_json: bool) -> None:
     folder (an output dir, a Tune experiment), list every run below it as a tree, with totals.
 
     \b
-    Examples:
+    Examples (recordings/<run>: the run directory train printed):
       rllib-recorder info recordings/<run>
       rllib-recorder info recordings
       rllib-recorder info recordings/<run> --json
@@ -101,7 +103,10 @@ def verify(run_dir: str) -> None:
     """Check a RUN_DIR: schema, row counts, sequence numbers, episode continuity, and that every sampled env
     step is stored or counted as lost (by cause). Exit 0 only if sound.
 
-    Example: rllib-recorder verify recordings/PPO_CartPole-v1_20261130-120000_ab12cd
+    \b
+    Example (recordings/<run>: the run directory train printed,
+    <experiment>/<trial dir> below recordings):
+      rllib-recorder verify recordings/<run>
     """
     from rllib_recorder.inspect import verify_report
 
@@ -132,8 +137,8 @@ def replay(run_dir: str, episodes: bool, target: str | None, env: str | None, ch
     """Stream a RUN_DIR's batches (or --episodes) in recorded order, or re-simulate it (--check).
 
     \b
-    Examples:
-      rllib-recorder replay recordings/PPO_CartPole-v1_20261130-120000_ab12cd | head
+    Examples (recordings/<run>: the run directory train printed):
+      rllib-recorder replay recordings/<run> | head
       rllib-recorder replay recordings/<run> --episodes --to mypkg.sink:consume
       rllib-recorder replay recordings/<run> --check
       rllib-recorder replay recordings/<run> --check --env ale_py:ALE/Breakout-v5-atari84x4
@@ -169,16 +174,18 @@ def replay(run_dir: str, episodes: bool, target: str | None, env: str | None, ch
 @click.argument("run_dir", type=click.Path())
 @click.option("--to", "target", type=click.Choice(["rllib", "minari"]), required=True, help="Output format.")
 @click.option("-o", "--output", required=True, type=click.Path(), help="Output directory.")
-@click.option("--dataset-id", default=None, help="Minari dataset id (default: rllib-recorder/<run name>-v0).")
+@click.option("--dataset-id", default=None, help="Minari dataset id (default: rllib-recorder/<run directory name>-v0, "
+              "characters other than letters, digits, '_' and '.' made '_').")
 def export(run_dir: str, target: str, output: str, dataset_id: str | None) -> None:
     """Export a RUN_DIR for offline RL: RLlib's columnar parquet input, or a Minari dataset.
 
     \b
-    Examples:
+    Examples (recordings/<run>: the run directory train printed):
       rllib-recorder export recordings/<run> --to rllib -o bc-data
-        then: BCConfig().offline_data(input_="bc-data") ...
+        then train BC on it: the README's example, BCConfig().offline_data(input_=["bc-data"], ...)
       rllib-recorder export recordings/<run> --to minari -o minari-data
-        then: MINARI_DATASETS_PATH=minari-data python -c "import minari; minari.load_dataset('<id>')"
+        then: MINARI_DATASETS_PATH=minari-data python -c "import minari; print(minari.load_dataset(ID))"
+        with the ID export printed
     """
     from rllib_recorder import export as ex
     from rllib_recorder.reader import open_run
@@ -204,7 +211,9 @@ def export(run_dir: str, target: str, output: str, dataset_id: str | None) -> No
 def plot(run_dir: str, output: str) -> None:
     """Plot a RUN_DIR: episode return against env steps per worker, and the policy-lag histogram.
 
-    Example: rllib-recorder plot recordings/<run> -o run.png
+    \b
+    Example (recordings/<run>: the run directory train printed):
+      rllib-recorder plot recordings/<run> -o run.png
     """
     from rllib_recorder.plot import check_output, plot_run
     from rllib_recorder.reader import open_run
@@ -264,7 +273,10 @@ def recover(run_dir: str) -> None:
     """Make a RUN_DIR whose driver or writers were killed readable again, keeping every committed row.
 
     Drops rows no commit names, removes temporary files and marks the manifest 'recovered'.
-    Example: rllib-recorder recover recordings/PPO_CartPole-v1_20261130-120000_ab12cd
+
+    \b
+    Example (recordings/<run>: the run directory train printed):
+      rllib-recorder recover recordings/<run>
     """
     from rllib_recorder.recover import recover_run
 
@@ -286,7 +298,10 @@ def gather(run_dir: str, target: str, address: str | None) -> None:
 
     Run it on the driver's machine while the cluster is up: each file is read by a Ray task on the node
     that wrote it and streamed here. Re-running it continues an interrupted gather.
-    Example: rllib-recorder gather recordings/<run> --to /data/<run>
+
+    \b
+    Example (recordings/<run>: the run directory train printed):
+      rllib-recorder gather recordings/<run> --to /data/<run>
     """
     from rllib_recorder.gather import gather_run, needs_cluster
 

@@ -1,0 +1,129 @@
+"""Every snippet in the README and every example in the CLI's help runs as written, as child processes, on a real
+recording made by the README's own quick start in a fresh folder (this 2-CPU machine)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+
+from rllib_recorder.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = open(os.path.join(ROOT, "README.md")).read()
+# The two set-up commands: CI runs them itself (.ci/run), so here the install and the test run are not repeated.
+SETUP = ('pip install -e ".[dev]"', "python -m pytest -q")
+
+
+def fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """(language, code) of every fenced block, in order; blocks indented inside a list item are dedented."""
+    return [(lang, textwrap.dedent(code)) for indent, lang, code in
+            re.findall(r"^( *)```(\w+)\n(.*?)^\1```", text, re.M | re.S)]
+
+
+def shell_commands(code: str) -> list[str]:
+    """The commands of a shell block: one per line (comments dropped), '&&' chains split."""
+    commands = []
+    for line in code.splitlines():
+        line = line.split("  #")[0].strip()
+        if line and not line.startswith("#"):
+            commands += [part.strip() for part in line.split("&&")]
+    return commands
+
+
+def run(command: str, cwd: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([cwd, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, (command, proc.stdout[-3000:], proc.stderr[-3000:])
+    assert "Traceback" not in proc.stdout + proc.stderr, (command, proc.stderr[-3000:])
+    return proc
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """A fresh folder holding configs/, where the README's quick start has run as written: (folder, run)."""
+    assert shutil.which("rllib-recorder"), "the quick start's command must be on PATH (pip install -e .)"
+    folder = tmp_path_factory.mktemp("readme")
+    shutil.copytree(os.path.join(ROOT, "configs"), folder / "configs")
+    lang, code = fenced_blocks(README)[0]
+    assert lang == "bash"
+    commands = shell_commands(code)
+    assert commands[0] == SETUP[0] and commands[2] == SETUP[0] and commands[3] == SETUP[1]
+    assert commands[1] == "rllib-recorder train configs/cartpole-ppo.yaml"
+    proc = run(commands[1], str(folder))
+    run_dir = re.search(r"^recorded run: (\S+)$", proc.stdout, re.M).group(1)
+    assert run_dir.startswith("recordings/cartpole-ppo/PPO_CartPole-v1_"), proc.stdout
+    assert "verify: sound: all 10000 sampled env steps stored" in proc.stdout, proc.stdout
+    assert len(proc.stdout.splitlines()) < 25 and proc.stderr == "", (proc.stdout, proc.stderr)
+    return str(folder), run_dir
+
+
+def substitute(command: str, run_dir: str, target: str) -> str:
+    """The README's and help's placeholders: recordings/<run> is the run train printed; /data/<run> a new folder."""
+    return command.replace("/data/<run>", target).replace("recordings/<run>", run_dir)
+
+
+def test_readme_snippets_run_as_written(workspace):
+    folder, run_dir = workspace
+    blocks = fenced_blocks(README)
+    done = []
+    for lang, code in blocks[1:]:
+        if lang == "bash":
+            for command in shell_commands(code):
+                assert command.startswith("rllib-recorder "), command
+                proc = run(substitute(command, run_dir, "gathered"), folder)
+                done.append(command.split()[1])
+                if command.startswith("rllib-recorder verify"):
+                    assert "is sound" in proc.stdout
+        elif lang == "python":
+            with open(os.path.join(folder, "snippet.py"), "w") as f:
+                f.write(code)
+            proc = run(f"{sys.executable} snippet.py", folder)
+            done.append("python")
+            if "open_run" in code:  # the reader printed what the recorder stored
+                assert "Episode(eps_id=" in proc.stdout and "Run(" in proc.stdout, proc.stdout[-2000:]
+            if "BCConfig" in code:  # BC trained two iterations on the export and printed finite losses
+                losses = [float(x) for x in proc.stdout.split()[-2:]]
+                assert all(0 < x < 10 for x in losses), proc.stdout[-2000:]
+    # every command of the Then: block, the two Python snippets, and the several-nodes block
+    assert sorted(set(done)) == ["export", "gather", "info", "plot", "python", "recover", "replay", "verify"]
+    assert done.count("python") == 2
+    assert os.path.isfile(os.path.join(folder, "run.png")) and os.listdir(os.path.join(folder, "bc-data"))
+
+
+def help_examples() -> list[str]:
+    commands = []
+    # as a user goes: train first (the others read what it recorded)
+    for name in sorted(main.commands, key=lambda n: (n != "train", n)):
+        text = CliRunner().invoke(main, [name, "--help"]).output
+        commands += [line.strip() for line in text.splitlines() if line.strip().startswith("rllib-recorder ")]
+    return commands
+
+
+def test_every_help_example_runs_as_written(workspace, recorded_breakout, tmp_path):
+    # a folder of its own (the README's snippets wrote bc-data, minari-data, ... already), the same run
+    workspace_dir, run_dir = workspace
+    run_dir = os.path.join(workspace_dir, run_dir)
+    folder = str(tmp_path)
+    shutil.copytree(os.path.join(ROOT, "configs"), tmp_path / "configs")
+    os.makedirs(os.path.join(folder, "mypkg"), exist_ok=True)
+    with open(os.path.join(folder, "mypkg", "__init__.py"), "w"):
+        pass
+    with open(os.path.join(folder, "mypkg", "sink.py"), "w") as f:  # the user's own function for replay --to
+        f.write("def consume(item):\n    print(type(item).__name__, len(item))\n")
+    examples = help_examples()
+    assert {e.split()[1] for e in examples} == set(main.commands), examples  # every command shows one
+    for i, example in enumerate(examples):
+        run_here = recorded_breakout if "Breakout" in example else run_dir
+        proc = run(substitute(example, run_here, str(tmp_path / f"gathered-{i}")), folder)
+        if "--to mypkg.sink:consume" in example:
+            assert proc.stdout.startswith("Episode "), proc.stdout[:500]
+        if "--check" in example:
+            assert "all match" in proc.stdout, proc.stdout
