@@ -208,8 +208,8 @@ def folder_report(summary: dict[str, Any]) -> str:
                      "tells more")
     if summary["indexed_but_missing"]:
         lines.append(f"listed in a recorder_index.json but missing: {', '.join(summary['indexed_but_missing'])}")
-    lines.append("Rates are env steps per second over each whole run; 'rllib-recorder info <run>' shows one run "
-                 "in full.")
+    lines.append("Rates are env steps per second over each whole run; '-' is not known yet, and "
+                 "'rllib-recorder info <run>' says why and shows one run in full.")
     return "\n".join(lines)
 
 

@@ -132,3 +132,26 @@ def test_train_verbose_shows_rays_own_output(tmp_path):
     proc = _train(tmp_path, "--verbose", "--stop-iters", "1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Trial status" in proc.stdout and "recorded run: out/tiny/" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_long_commands_show_a_progress_bar_on_a_terminal(recorded_cartpole):
+    import pty
+
+    for argv, bar in ((["verify", recorded_cartpole], "verifying files"),
+                      (["replay", recorded_cartpole, "--check"], "re-simulating")):
+        leader, follower = pty.openpty()
+        proc = subprocess.Popen([sys.executable, "-m", "rllib_recorder.cli", *argv], stdin=follower,
+                                stdout=follower, stderr=follower, env=dict(os.environ, TERM="xterm", COLUMNS="120"))
+        os.close(follower)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            shown += chunk
+        os.close(leader)
+        assert proc.wait(timeout=120) == 0, shown[-2000:]
+        assert bar.encode() in shown, shown[-2000:]

@@ -127,3 +127,5 @@ def test_every_help_example_runs_as_written(workspace, recorded_breakout, tmp_pa
             assert proc.stdout.startswith("Episode "), proc.stdout[:500]
         if "--check" in example:
             assert "all match" in proc.stdout, proc.stdout
+        if example.split()[1] in ("verify", "recover", "replay", "export", "gather", "info"):
+            assert proc.stderr == "", (example, proc.stderr)  # in a pipe: no progress bar, nothing extra
