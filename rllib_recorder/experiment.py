@@ -107,7 +107,7 @@ def make_atari_env(env_id: str, dim: int, framestack: int | None, env_config: di
     import gymnasium as gym
     from ray.rllib.env.wrappers.atari_wrappers import wrap_atari_for_new_api_stack
 
-    _register_envs("ale_py")
+    import_env_package("ale_py")
     settings = {"frameskip": 1, "repeat_action_probability": 0.0, **dict(env_config)}
     skip = int(settings.pop("wrapper_frameskip", 4))
     return wrap_atari_for_new_api_stack(gym.make(env_id, **settings), dim=dim, frameskip=skip,
@@ -375,7 +375,7 @@ def _one_line(error: BaseException) -> str:
 def _import_registered(spec: ExperimentSpec) -> None:
     for module in spec.register:  # e.g. ale_py: registers its envs with gymnasium
         try:
-            _register_envs(module)
+            import_env_package(module)
         except ImportError as e:
             raise ConfigError(f"{spec.where}: 'register:' cannot import {module!r} ({_one_line(e)}); install it "
                               "or fix the name") from None
@@ -782,7 +782,7 @@ def _register_atari(spec: ExperimentSpec) -> str:
     env = str(spec.env)
     module, _, gym_id = env.rpartition(":")
     try:
-        _register_envs("ale_py")
+        import_env_package("ale_py")
     except ImportError:
         raise ConfigError(f"{spec.where}: 'atari_wrappers:' needs ale-py; pip install 'rllib-recorder[atari]'") \
             from None
@@ -791,7 +791,7 @@ def _register_atari(spec: ExperimentSpec) -> str:
             raise ConfigError(f"{spec.where}: 'env: {_key(env)}' would import module {module!r}, which the file "
                               f"does not list in 'register:'; add 'register: [{module}]' if you trust it")
         try:
-            _register_envs(module)
+            import_env_package(module)
         except (Exception, SystemExit) as e:
             raise ConfigError(f"{spec.where}: 'env: {_key(env)}' cannot be imported ({_one_line(e)})") from None
     import gymnasium as gym
@@ -807,7 +807,11 @@ def _register_atari(spec: ExperimentSpec) -> str:
     return name
 
 
-def _register_envs(module: str) -> None:
+def import_env_package(module: str) -> None:
+    """Imports an env package and registers its gymnasium ids (ALE's start-up banner silenced)."""
     import gymnasium as gym
 
-    gym.register_envs(importlib.import_module(module))
+    imported = importlib.import_module(module)
+    gym.register_envs(imported)
+    if module == "ale_py" and hasattr(imported, "ALEInterface") and hasattr(imported, "LoggerMode"):
+        imported.ALEInterface.setLoggerMode(imported.LoggerMode.Error)

@@ -108,7 +108,12 @@ class WorkerFile:
                        "copy it again, or move it out of the run directory" if "truncated file" in str(e)
                        else "run 'rllib-recorder recover'")
                 raise SchemaError(f"{self.path} is not a readable HDF5 file ({e}); {fix}") from None
-            schema.validate_header(self._h5, self.path)
+            try:
+                with schema.damaged_file_errors(self.path):
+                    schema.validate_header(self._h5, self.path)
+            except SchemaError:
+                self.close()
+                raise
         return self._h5
 
     def _node(self, path: str) -> Any:
@@ -126,19 +131,23 @@ class WorkerFile:
 
     @property
     def worker_index(self) -> int:
-        return int(self.h5.attrs["worker_index"])
+        with schema.damaged_file_errors(self.path):
+            return int(self.h5.attrs["worker_index"])
 
     @property
     def is_evaluation(self) -> bool:
-        return bool(self.h5.attrs["is_evaluation"])
+        with schema.damaged_file_errors(self.path):
+            return bool(self.h5.attrs["is_evaluation"])
 
     @property
     def commit(self) -> dict[str, Any]:
-        return schema.read_commit(self.h5)
+        with schema.damaged_file_errors(self.path):
+            return schema.read_commit(self.h5)
 
     @property
     def agents(self) -> list[str]:
-        return sorted(self._node("agents").keys())
+        with schema.damaged_file_errors(self.path):
+            return sorted(self._node("agents").keys())
 
     def _batches(self) -> dict[str, np.ndarray]:
         """The batch index: one row per stored chunk."""
@@ -165,6 +174,10 @@ class WorkerFile:
 
     def batches_in_order(self) -> Iterator[Batch]:
         """The stored chunks in the order they were stored, each with its step rows (read lazily, chunk by chunk)."""
+        with schema.damaged_file_errors(self.path):
+            yield from self._batches_in_order()
+
+    def _batches_in_order(self) -> Iterator[Batch]:
         index = self.batches()
         spans = {}
         for agent in self.agents:
@@ -204,9 +217,10 @@ class WorkerFile:
     def episode_ids(self, agent: str | None = None) -> list[str]:
         agents = [agent] if agent else self.agents
         seen: dict[str, None] = {}
-        for a in agents:
-            for eps in self.fragments(a)["eps_id"].tolist():
-                seen.setdefault(eps.decode(), None)
+        with schema.damaged_file_errors(self.path):
+            for a in agents:
+                for eps in self.fragments(a)["eps_id"].tolist():
+                    seen.setdefault(eps.decode(), None)
         return list(seen)
 
     def _episode(self, eps_id: str, agent: str) -> Episode:

@@ -140,7 +140,9 @@ def _recorded_gym_id(run: Run, gym_id: str, name: str) -> None:
         raise ReplayError(f"run {run.path} names its env {name[:200]!r}, which is not a gymnasium id (a recording's "
                           "contents are never imported or run); pass --env with the env to use")
     if module is not None:
-        gym.register_envs(importlib.import_module(module))
+        from rllib_recorder.experiment import import_env_package
+
+        import_env_package(module)
     if match["id"] not in gym.registry:
         raise ReplayError(f"run {run.path} was recorded in env {name[:200]!r}, which is not a gymnasium id "
                           "registered here (an env registered with tune.register_env, or a package not "
@@ -237,7 +239,9 @@ def _gym_make(name: str, env_config: dict[str, Any]) -> Any:
     module, _, _ = name.partition(":")
     try:
         if ":" in name:
-            gym.register_envs(importlib.import_module(module))
+            from rllib_recorder.experiment import import_env_package
+
+            import_env_package(module)
             name = name.partition(":")[2]
         return gym.make(name, **env_config)
     except Exception as e:  # gymnasium raises several kinds for an unknown or misconfigured id
