@@ -6,8 +6,8 @@ from rllib_recorder.config import RecorderConfig  # noqa: E402
 from rllib_recorder.errors import (  # noqa: E402
     ConfigError,
     ConversionError,
-    OutputDirError,
     ExportError,
+    OutputDirError,
     RecorderError,
     ReplayError,
     SchemaError,
@@ -37,7 +37,7 @@ def __getattr__(name: str):
 
         return RecorderCallback
     if name == "open_run":
-        from rllib_recorder.reader import open_run
+        from rllib_recorder.read.reader import open_run
 
         return open_run
     raise AttributeError(f"module 'rllib_recorder' has no attribute {name!r}")

@@ -8,8 +8,8 @@ from typing import Any
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
 from rllib_recorder.config import RecorderConfig
-from rllib_recorder.driver import RunRecorder, record_sample
-from rllib_recorder.runner import StartStates, recorder_for
+from rllib_recorder.record.runner import StartStates, recorder_for
+from rllib_recorder.service.run import RunRecorder, record_sample
 
 logger = logging.getLogger(__name__)
 

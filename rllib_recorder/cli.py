@@ -40,14 +40,14 @@ def train(experiment: str, stop_iters: int | None, stop_timesteps: int | None, o
     """
     import time
 
-    from rllib_recorder.experiment import build_config, describe, load_experiment, run_experiment
+    from rllib_recorder.commands.experiment import build_config, describe, load_experiment, run_experiment
 
     started = time.monotonic()
     try:
         spec = load_experiment(experiment, stop_iters=stop_iters, stop_timesteps=stop_timesteps,
                                output_dir=output_dir)
         config = build_config(spec)  # every check before anything is shown, Ray starts or a file is written
-        from rllib_recorder.progress import TrainProgress, next_commands, run_summary
+        from rllib_recorder.commands.progress import TrainProgress, next_commands, run_summary
 
         click.echo(describe(spec))
         progress = TrainProgress(spec.stop, live=not verbose and _terminal(), echo=click.echo)
@@ -57,7 +57,7 @@ def train(experiment: str, stop_iters: int | None, stop_timesteps: int | None, o
     except RecorderError as e:  # as _guard: one line, exit 2
         click.echo(f"error: {' '.join(str(e).split())}", err=True)
         sys.exit(2)
-    from rllib_recorder.report import human_duration
+    from rllib_recorder.commands.report import human_duration
 
     click.echo(f"\ntrained and recorded {len(run_dirs)} run(s) in {human_duration(time.monotonic() - started)}")
     for run_dir in run_dirs:
@@ -84,8 +84,8 @@ def info(path: str, as_json: bool) -> None:
       rllib-recorder info recordings
       rllib-recorder info recordings/<run> --json
     """
-    from rllib_recorder import report
-    from rllib_recorder.inspect import summarize, summarize_folder
+    from rllib_recorder.commands import report
+    from rllib_recorder.commands.info import summarize, summarize_folder
 
     if os.path.isfile(os.path.join(path, "manifest.json")):
         summary = _guard(lambda: summarize(path))
@@ -108,7 +108,7 @@ def verify(run_dir: str) -> None:
     <experiment>/<trial dir> below recordings):
       rllib-recorder verify recordings/<run>
     """
-    from rllib_recorder.inspect import verify_report
+    from rllib_recorder.commands.info import verify_report
 
     with _progress() as bar:
         task = bar.add_task("verifying files", total=_count_files(run_dir))
@@ -143,8 +143,8 @@ def replay(run_dir: str, episodes: bool, target: str | None, env: str | None, ch
       rllib-recorder replay recordings/<run> --check
       rllib-recorder replay recordings/<run> --check --env ale_py:ALE/Breakout-v5-atari84x4
     """
-    from rllib_recorder import replay as rp
-    from rllib_recorder.reader import open_run
+    from rllib_recorder.commands import replay as rp
+    from rllib_recorder.read.reader import open_run
 
     run = _guard(lambda: open_run(run_dir))
     with run:
@@ -187,8 +187,8 @@ def export(run_dir: str, target: str, output: str, dataset_id: str | None) -> No
         then: MINARI_DATASETS_PATH=minari-data python -c "import minari; print(minari.load_dataset(ID))"
         with the ID export printed
     """
-    from rllib_recorder import export as ex
-    from rllib_recorder.reader import open_run
+    from rllib_recorder.commands import export as ex
+    from rllib_recorder.read.reader import open_run
 
     run = _guard(lambda: open_run(run_dir))
     with run, _progress() as bar:
@@ -215,8 +215,8 @@ def plot(run_dir: str, output: str) -> None:
     Example (recordings/<run>: the run directory train printed):
       rllib-recorder plot recordings/<run> -o run.png
     """
-    from rllib_recorder.plot import check_output, plot_run
-    from rllib_recorder.reader import open_run
+    from rllib_recorder.commands.plot import check_output, plot_run
+    from rllib_recorder.read.reader import open_run
 
     _guard(lambda: check_output(output))
     with _guard(lambda: open_run(run_dir)) as run:
@@ -227,7 +227,7 @@ def plot(run_dir: str, output: str) -> None:
 
 def _recorded_spaces(run: Any) -> tuple[Any, Any] | None:
     """The recorded env's spaces when the env can be made here, else None (export infers them)."""
-    from rllib_recorder.replay import env_factory
+    from rllib_recorder.commands.replay import env_factory
 
     try:
         env = env_factory(run)[1]()
@@ -278,7 +278,7 @@ def recover(run_dir: str) -> None:
     Example (recordings/<run>: the run directory train printed):
       rllib-recorder recover recordings/<run>
     """
-    from rllib_recorder.recover import recover_run
+    from rllib_recorder.service.recover import recover_run
 
     with _progress() as bar:
         task = bar.add_task("recovering files", total=_count_files(run_dir))
@@ -303,7 +303,7 @@ def gather(run_dir: str, target: str, address: str | None) -> None:
     Example (recordings/<run>: the run directory train printed):
       rllib-recorder gather recordings/<run> --to /data/<run>
     """
-    from rllib_recorder.gather import gather_run, needs_cluster
+    from rllib_recorder.commands.gather import gather_run, needs_cluster
 
     # the manifest is checked before Ray is joined; Ray only when some file is not readable here
     if _guard(lambda: needs_cluster(run_dir)) or address:

@@ -26,7 +26,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import benchdoc  # noqa: E402
 
-
 # Column layouts: "selective" (this version: index tables and incompressible step columns unfiltered) and
 # "all-gzip" (every column gzip, as before 2026-12-02), by the schema constants that decide it.
 LAYOUTS = {"selective": {}, "all-gzip": {"INDEX_PLAIN_ROW_BYTES": 0, "MIN_COMPRESSION_RATIO": 0.0}}
@@ -34,8 +33,8 @@ LAYOUTS = {"selective": {}, "all-gzip": {"INDEX_PLAIN_ROW_BYTES": 0, "MIN_COMPRE
 
 def run(work: str, chunks: list, max_chunk_rows: int, layout: str = "selective") -> tuple[float, int]:
     """(CPU seconds of every append after the first, file bytes) writing ``chunks`` with this chunk-row limit."""
-    from rllib_recorder import schema
-    from rllib_recorder.writer import RecordingWriter
+    from rllib_recorder.format import schema
+    from rllib_recorder.service.writer import RecordingWriter
 
     changes = {"MAX_CHUNK_ROWS": max_chunk_rows, **LAYOUTS[layout]}
     saved = {k: getattr(schema, k) for k in changes}
@@ -69,9 +68,9 @@ def main() -> None:
     args = parser.parse_args()
 
     import gymnasium as gym
-
     from bench_writer import chunks_of, episodes_from_env
-    from rllib_recorder import schema
+
+    from rllib_recorder.format import schema
 
     episodes = episodes_from_env(lambda: gym.make("CartPole-v1"), args.steps, 25)
     data = {rows: chunks_of(episodes, rows) for rows in args.rows}

@@ -106,7 +106,7 @@ def switch_recording(runner: Any, on: bool) -> None:
 def _diagnostic_recorders() -> dict[str, type]:
     """The classes of DIAGNOSTIC_VARIANTS (made on first use: importing this module stays free of RLlib)."""
     from rllib_recorder import RecorderCallback
-    from rllib_recorder.envstate import capture_state, sub_envs
+    from rllib_recorder.record.envstate import capture_state, sub_envs
 
     class HollowRecorder(RecorderCallback):
         """The recorder with its env-runner callbacks emptied: the writers are created and every env runner
@@ -169,7 +169,7 @@ def _leave_start_states_out(pack: bool = True) -> None:
     empty ones in the chunk."""
     import numpy as np
 
-    from rllib_recorder import convert
+    from rllib_recorder.record import convert
 
     if getattr(convert, "_start_states_left_out", False):
         return
@@ -201,7 +201,7 @@ def env_name(env: str) -> str:
         return ENV_IDS[env]
     from ray.tune.registry import register_env
 
-    from rllib_recorder.experiment import make_atari_env
+    from rllib_recorder.commands.experiment import make_atari_env
 
     creator = functools.partial(make_atari_env, ENV_IDS[env], 84, 4)
     register_env("bench-breakout", lambda cfg: creator(dict(cfg)))
@@ -241,7 +241,7 @@ def writer_cpu(runner: Any) -> dict[str, float]:
     """Runs inside one env runner: {its writer actor's name: CPU seconds of the writer's process so far}."""
     import ray
 
-    from rllib_recorder.runner import recorder_for
+    from rllib_recorder.record.runner import recorder_for
 
     recorder = recorder_for(runner)
     name = recorder.writer_name()
@@ -264,7 +264,7 @@ def writers_cpu(group: Any) -> dict[str, float]:
 
 def recorder_state(runner: Any) -> dict[str, float]:
     """Runs inside one env runner: the recorder's counters (wait time, samples, pending rows)."""
-    from rllib_recorder.runner import recorder_for
+    from rllib_recorder.record.runner import recorder_for
 
     stats = recorder_for(runner).stats()
     return {k: stats.get(k, 0) for k in ("wait_s", "samples", "backlog_bytes")} | {"rss": _rss()}
@@ -272,7 +272,7 @@ def recorder_state(runner: Any) -> dict[str, float]:
 
 def drain(runner: Any) -> float:
     """Runs inside one env runner: send what is held and wait for every ack; returns the time it took."""
-    from rllib_recorder.runner import drain_env_runner
+    from rllib_recorder.record.runner import drain_env_runner
 
     start = time.perf_counter()
     drain_env_runner(runner, 120.0)
@@ -362,7 +362,7 @@ def bench_row(env: str, runners: int, mode: str, reps: int, seconds: float, work
     disk = {}
     for algo in algos.values():
         algo.stop()
-    from rllib_recorder.reader import open_run
+    from rllib_recorder.read.reader import open_run
 
     stored, sampled, totals = {}, {}, {}
     for variant in variants:

@@ -44,8 +44,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import benchdoc  # noqa: E402
 from bench_overhead import (  # noqa: E402
-    DIAGNOSTIC_VARIANTS, TOGGLED, add_row_args, build, dir_bytes, drain, recorder_state, row_specs,
-    switch_recording, timed_sampling, writers_cpu, writers_cpu_since,
+    DIAGNOSTIC_VARIANTS,
+    TOGGLED,
+    add_row_args,
+    build,
+    dir_bytes,
+    drain,
+    recorder_state,
+    row_specs,
+    switch_recording,
+    timed_sampling,
+    writers_cpu,
+    writers_cpu_since,
 )
 
 CPUS = os.cpu_count() or 1
@@ -60,7 +70,7 @@ def writer_pid(runner: Any) -> dict[str, int]:
     """Runs inside one env runner: {its writer actor's name: the writer's process id}."""
     import ray
 
-    from rllib_recorder.runner import recorder_for
+    from rllib_recorder.record.runner import recorder_for
 
     recorder = recorder_for(runner)
     name = recorder.writer_name()
@@ -184,7 +194,7 @@ def bench_row(setup: RowSetup, reps: int, work: str, fresh: bool = False, crosso
     row: dict[str, Any] = {"env": setup.env, "runners": setup.runners, "mode": setup.mode, "other": other,
                            "reps": reps, "seconds": setup.seconds, "fresh": fresh, "crossover": crossover, **out}
     if other.startswith("recorder"):
-        from rllib_recorder.reader import open_run
+        from rllib_recorder.read.reader import open_run
 
         stored = raw = disk = 0
         for run_dir in (d for d, _, files in os.walk(row_dir) if "manifest.json" in files):

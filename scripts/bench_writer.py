@@ -63,7 +63,7 @@ def episodes_from_env(make_env: Callable[[], Any], steps: int, episode_len: int,
 
 
 def chunks_of(episodes: list[Any], rows: int) -> list[Any]:
-    from rllib_recorder.convert import episodes_to_chunk
+    from rllib_recorder.record.convert import episodes_to_chunk
 
     chunks, batch, n = [], [], 0
     for episode in episodes:
@@ -112,7 +112,7 @@ def bare_h5py(path: str, chunks: list[Any]) -> float:
 
 
 def writer_run(run_dir: str, chunks: list[Any], storage: Any) -> tuple[float, int]:
-    from rllib_recorder.writer import RecordingWriter
+    from rllib_recorder.service.writer import RecordingWriter
 
     writer = RecordingWriter(run_dir, "bench", storage)
     start = time.perf_counter()
@@ -130,8 +130,8 @@ def actor_run(run_dir: str, chunks: list[Any], window: int = 4) -> tuple[float, 
     """
     import ray
 
-    from rllib_recorder import schema
-    from rllib_recorder.writer import RecordingWriter
+    from rllib_recorder.format import schema
+    from rllib_recorder.service.writer import RecordingWriter
 
     actor = ray.remote(RecordingWriter).options(num_cpus=0).remote(run_dir, "bench-actor", schema.StorageOptions())
     ray.get(actor.stats.remote())
@@ -177,8 +177,8 @@ def main() -> None:
     import gymnasium as gym
     import ray
 
-    from rllib_recorder import schema
-    from rllib_recorder.experiment import make_atari_env
+    from rllib_recorder.commands.experiment import make_atari_env
+    from rllib_recorder.format import schema
 
     datasets = {
         "Breakout 84x84x4": chunks_of(episodes_from_env(

@@ -30,9 +30,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rllib_recorder import schema  # noqa: E402
-from rllib_recorder.convert import Chunk, Stream  # noqa: E402
 from rllib_recorder.errors import RecorderError  # noqa: E402
+from rllib_recorder.format import schema  # noqa: E402
+from rllib_recorder.record.convert import Chunk, Stream  # noqa: E402
 
 AGENT = "default_agent"
 WIDTH = 8
@@ -76,7 +76,7 @@ def _object_array(items: list) -> np.ndarray:
 
 
 def child(run_dir: str, file_space: str, rows: int) -> None:
-    from rllib_recorder.writer import RecordingWriter
+    from rllib_recorder.service.writer import RecordingWriter
 
     writer = RecordingWriter(run_dir, "killloop", schema.StorageOptions(file_space=file_space))
     sender = os.urandom(8).hex().encode()
@@ -157,7 +157,7 @@ def _sum_storage(path: str) -> int:
 
 def space(file_space: str, rows: int, total_rows: int = 100_000) -> dict:
     """Appends ``total_rows`` in ``rows``-row chunks without kills; the file's peak and final size."""
-    from rllib_recorder.writer import RecordingWriter
+    from rllib_recorder.service.writer import RecordingWriter
 
     with tempfile.TemporaryDirectory(prefix="killloop-space-") as run_dir:
         writer = RecordingWriter(run_dir, "space", schema.StorageOptions(file_space=file_space))

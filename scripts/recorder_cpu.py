@@ -34,13 +34,13 @@ from bench_overhead import add_row_args, build, row_specs, writers_cpu, writers_
 TARGETS = (
     ("rllib_recorder.callback", "RecorderCallback", "on_sample_end"),
     ("rllib_recorder.callback", "RecorderCallback", "on_episode_start"),
-    ("rllib_recorder.runner", None, "episodes_to_chunk"),
-    ("rllib_recorder.convert", None, "_start_state_columns"),
-    ("rllib_recorder.convert", None, "encode_stream"),
-    ("rllib_recorder.outbox", "Outbox", "add"),
-    ("rllib_recorder.outbox", None, "encode_record"),
-    ("rllib_recorder.spoolfile", "SegmentWriter", "write"),
-    ("rllib_recorder.envstate", "_Plan", "capture"),
+    ("rllib_recorder.record.runner", None, "episodes_to_chunk"),
+    ("rllib_recorder.record.convert", None, "_start_state_columns"),
+    ("rllib_recorder.record.convert", None, "encode_stream"),
+    ("rllib_recorder.record.outbox", "Outbox", "add"),
+    ("rllib_recorder.record.outbox", None, "encode_record"),
+    ("rllib_recorder.format.spool", "SegmentWriter", "write"),
+    ("rllib_recorder.record.envstate", "_Plan", "capture"),
 )
 
 

@@ -36,8 +36,8 @@ def main() -> None:
     from ray.rllib.algorithms.ppo import PPOConfig
 
     from rllib_recorder import RecorderCallback
-    from rllib_recorder.inspect import verify_run
-    from rllib_recorder.pool import writer_name
+    from rllib_recorder.commands.info import verify_run
+    from rllib_recorder.service.pool import writer_name
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     out = os.path.abspath(args.out)

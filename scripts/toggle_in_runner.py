@@ -37,7 +37,7 @@ def main() -> None:
     import torch
 
     from rllib_recorder import RecorderCallback
-    from rllib_recorder import runner as runner_module
+    from rllib_recorder.record import runner as runner_module
 
     # torch on one thread, as in Ray's workers: a second torch thread spin-waiting on the pinned CPU made every
     # step ten times as costly. Pinned after Ray started, so that Ray's processes (the writer) are not.
@@ -89,7 +89,7 @@ def main() -> None:
 
 def stored_rows(algo) -> int:
     """Rows the local env runner's writer acknowledged, once everything held was sent (drained)."""
-    from rllib_recorder.runner import recorder_for
+    from rllib_recorder.record.runner import recorder_for
 
     recorder = recorder_for(algo.env_runner_group.local_env_runner)
     recorder.drain(30.0)

@@ -14,7 +14,7 @@ from ray.cluster_utils import Cluster
 from ray.tune.registry import register_env
 
 from rllib_recorder import RecorderCallback
-from rllib_recorder.pool import writer_name
+from rllib_recorder.service.pool import writer_name
 from tests.envs import CountingEnv
 from tests.test_recording import ppo
 

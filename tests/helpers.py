@@ -56,7 +56,7 @@ def update_index_many(args) -> None:
     """A process of the concurrent-index test: updates its run's entry many times (imports little: spawned)."""
     import os
 
-    from rllib_recorder.index import update_run
+    from rllib_recorder.format.index import update_run
 
     experiment_dir, name, times = args
     for i in range(times):

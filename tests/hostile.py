@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 SENTINEL = "SENTINEL-code-ran"
 SENTINEL_MODULE = "rr_sentinel"
-PROBE_COMMAND = "from rllib_recorder.probe import _main; _main()"
+PROBE_COMMAND = "from rllib_recorder.read.probe import _main; _main()"
 # processes libraries start on their own, whatever the recording holds: matplotlib asks platform.processor()
 LIBRARY_COMMANDS = ("uname -p",)
 SPAWN_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty")
@@ -174,7 +174,7 @@ def hostile_index(rng: random.Random, run_name: str) -> bytes:
     """A hostile recorder_index.json for the experiment dir that holds the run."""
     runs = rng.choice([{run_name: {"run_dir": "../../payload"}}, {"../../payload": {}}, {"/etc": {}}, [], None,
                        {run_name: []}, {run_name: {"env_steps": "lots", "status": 7}}, {"": {}}, {"..": {}}, 5])
-    doc = rng.choice([{"format": "rllib_recorder.index", "runs": runs}, [runs], {"format": 1}, "x"])
+    doc = rng.choice([{"format": "rllib_recorder.format.index", "runs": runs}, [runs], {"format": 1}, "x"])
     return json.dumps(doc).encode()
 
 

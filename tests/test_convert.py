@@ -8,10 +8,15 @@ from ray.rllib.env.multi_agent_episode import MultiAgentEpisode
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
-from rllib_recorder.convert import (
-    ConvertOptions, batch_to_chunk, encode_images, episodes_to_chunk, flatten_value, merge_chunks,
-)
 from rllib_recorder.errors import ConversionError
+from rllib_recorder.record.convert import (
+    ConvertOptions,
+    batch_to_chunk,
+    encode_images,
+    episodes_to_chunk,
+    flatten_value,
+    merge_chunks,
+)
 from tests.helpers import image_episode, make_episode, stacked_frames
 
 
@@ -85,7 +90,7 @@ def test_options_drop_infos_and_extras():
 def test_buffers_are_read_as_the_episode_getters_return_them():
     # convert reads an episode's buffers directly (_all_items); it must match RLlib's getters, numpy'd or not, with
     # a lookback (a cut episode's continuation) and without, for arrays and for dict observations.
-    from rllib_recorder.convert import _all_items
+    from rllib_recorder.record.convert import _all_items
 
     def check(episode):
         pairs = [(episode.observations, episode.get_observations()), (episode.actions, episode.get_actions()),
@@ -216,7 +221,7 @@ def test_merging_encoded_and_float_samples_decodes_only_the_columns_they_disagre
 
 
 def test_a_black_first_frame_does_not_hide_the_grid_the_rest_of_the_frames_lie_on():
-    from rllib_recorder.convert import image_grid
+    from rllib_recorder.record.convert import image_grid
 
     codes = np.random.default_rng(7).integers(0, 256, size=(4, 5, 5, 1))
     codes[0] = 0  # black in u8 * (1/255) is 0.0, which is also code 128 of u8 / 128 - 1
@@ -231,7 +236,7 @@ def test_a_black_first_frame_does_not_hide_the_grid_the_rest_of_the_frames_lie_o
 
 
 def test_frame_stacks_are_sent_as_their_newest_frames_and_rebuilt_bit_for_bit():
-    from rllib_recorder.convert import unstack_stream
+    from rllib_recorder.record.convert import unstack_stream
 
     rng = np.random.default_rng(8)
     episodes = [image_episode(stacked_frames(rng, n), f"e{n}")[0] for n in (3, 1, 6)]

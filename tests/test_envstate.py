@@ -9,9 +9,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from rllib_recorder import envstate
+from rllib_recorder.commands.experiment import make_atari_env
 from rllib_recorder.errors import ReplayError
-from rllib_recorder.experiment import make_atari_env
+from rllib_recorder.record import envstate
 from tests.envs import CountingEnv
 
 
@@ -145,8 +145,8 @@ def test_start_state_is_not_captured_on_a_runner_that_does_not_record():
     from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
     from rllib_recorder.config import RecorderConfig
-    from rllib_recorder.pool import Binding
-    from rllib_recorder.runner import StartStates, recorder_for
+    from rllib_recorder.record.runner import StartStates, recorder_for
+    from rllib_recorder.service.pool import Binding
 
     class Runner:  # what the recorder reads of an EnvRunner (weak-referenceable, like one)
         def __init__(self, worker_index, in_evaluation):
@@ -205,7 +205,7 @@ def _stored_layer_attrs(blob: bytes) -> set[str]:
 def test_frames_max_pooled_by_every_full_step_are_left_out_unless_the_first_step_ended_the_episode():
     import copy
 
-    from rllib_recorder.convert import START_STATE_KEY, episodes_to_chunk
+    from rllib_recorder.record.convert import START_STATE_KEY, episodes_to_chunk
     from tests.helpers import make_episode
 
     env = make_atari_env("ALE/Breakout-v5", 84, 4, {})

@@ -7,17 +7,16 @@ import os
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from ray import tune
 from ray.rllib.algorithms.appo import APPOConfig
 from ray.rllib.algorithms.ppo import PPOConfig
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
-from click.testing import CliRunner
-
 from rllib_recorder import ConfigError, OutputDirError, RecorderCallback, RecorderConfig, RecorderError
 from rllib_recorder.cli import main
-from rllib_recorder.reader import open_run
-from rllib_recorder.inspect import verify_report
+from rllib_recorder.commands.info import verify_report
+from rllib_recorder.read.reader import open_run
 from tests.integrity import check_run
 from tests.test_recording import ppo, record
 

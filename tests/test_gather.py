@@ -11,10 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from rllib_recorder.cli import main
-from rllib_recorder.gather import MARKER_NAME, gather_run
-from rllib_recorder.inspect import verify_run
-from rllib_recorder.manifest import read_manifest, write_manifest
-from rllib_recorder.reader import open_run
+from rllib_recorder.commands.gather import MARKER_NAME, gather_run
+from rllib_recorder.commands.info import verify_run
+from rllib_recorder.format.manifest import read_manifest, write_manifest
+from rllib_recorder.read.reader import open_run
 
 
 def assert_same_run(source: str, gathered: str) -> None:

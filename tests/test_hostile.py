@@ -13,7 +13,8 @@ import stat
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rllib_recorder import RecorderConfig
 from rllib_recorder.cli import main as cli
@@ -126,7 +127,7 @@ def test_hostile_manifests_and_indexes_get_one_line_run_nothing_and_write_nothin
 @given(seed=st.integers(0, 2 ** 32 - 1))
 def test_the_reader_api_raises_only_recorder_errors_on_hostile_manifests(recorded_cartpole, tmp_path_factory,
                                                                           sentinel, seed):
-    from rllib_recorder.reader import open_run
+    from rllib_recorder.read.reader import open_run
 
     rng = random.Random(seed)
     run = os.path.join(str(tmp_path_factory.mktemp("reader")), "run")
@@ -146,10 +147,10 @@ def test_the_reader_api_raises_only_recorder_errors_on_hostile_manifests(recorde
 
 
 def test_with_fsync_new_files_and_renames_are_followed_by_a_directory_fsync(tmp_path, monkeypatch):
-    from rllib_recorder import durable, manifest, schema
-    from rllib_recorder.writer import RecordingWriter
+    from rllib_recorder.format import durable, manifest, schema
+    from rllib_recorder.record.convert import episodes_to_chunk
+    from rllib_recorder.service.writer import RecordingWriter
     from tests.helpers import make_episode
-    from rllib_recorder.convert import episodes_to_chunk
 
     synced = []
     real = durable.fsync_dir
@@ -167,12 +168,12 @@ def test_with_fsync_new_files_and_renames_are_followed_by_a_directory_fsync(tmp_
 
 
 def test_files_are_created_with_the_users_umask_never_wider(tmp_path):
-    from rllib_recorder.writer import RecordingWriter
-    from rllib_recorder.convert import episodes_to_chunk
-    from rllib_recorder.manifest import write_manifest
-    from rllib_recorder.outbox import Outbox
-    from rllib_recorder.schema import StorageOptions
-    from rllib_recorder.spoolfile import SegmentWriter
+    from rllib_recorder.format.manifest import write_manifest
+    from rllib_recorder.format.schema import StorageOptions
+    from rllib_recorder.format.spool import SegmentWriter
+    from rllib_recorder.record.convert import episodes_to_chunk
+    from rllib_recorder.record.outbox import Outbox
+    from rllib_recorder.service.writer import RecordingWriter
     from tests.helpers import make_episode
 
     old = os.umask(0o077)
@@ -194,12 +195,10 @@ def test_files_are_created_with_the_users_umask_never_wider(tmp_path):
 
 
 def test_omit_env_config_keys_leaves_secrets_out_of_the_manifest(ray_session, tmp_path):
+    from ray import tune
     from ray.rllib.algorithms.ppo import PPOConfig
 
     from rllib_recorder import RecorderCallback
-
-    from ray import tune
-
     from tests.envs import CountingEnv
 
     tune.register_env("counting", lambda cfg: CountingEnv(cfg))

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from rllib_recorder import schema
 from rllib_recorder.config import RecorderConfig
-from rllib_recorder.manifest import place_files
-from rllib_recorder.pool import Binding, assign_writer
+from rllib_recorder.format import schema
+from rllib_recorder.format.manifest import place_files
+from rllib_recorder.service.pool import Binding, assign_writer
 
 
 def binding(node_tags):

@@ -10,8 +10,8 @@ import h5py
 import numpy as np
 import pytest
 
-from rllib_recorder import envstate
-from rllib_recorder.reader import open_run
+from rllib_recorder.read.reader import open_run
+from rllib_recorder.record import envstate
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +134,7 @@ def test_dataframe_of_scalar_columns(recorded_cartpole, plain):
 
 
 def test_ray_dataset_reads_row_ranges_in_parallel_tasks(recorded_cartpole, plain):
-    from rllib_recorder.dataset import RecordedStepsDatasource
+    from rllib_recorder.read.datasource import RecordedStepsDatasource
 
     with open_run(recorded_cartpole) as run:
         tasks = RecordedStepsDatasource(run, 150, False).get_read_tasks(4)

@@ -7,14 +7,14 @@ import os
 
 import numpy as np
 import pytest
-from ray.rllib.algorithms.ppo import PPOConfig
 from ray.rllib.algorithms.callbacks import make_multi_callbacks
+from ray.rllib.algorithms.ppo import PPOConfig
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.connectors.env_to_module.flatten_observations import FlattenObservations
 from ray.tune.registry import register_env
 
 from rllib_recorder import RecorderCallback
-from rllib_recorder.reader import open_run
+from rllib_recorder.read.reader import open_run
 from tests.envs import CountingEnv, TwoAgentCountingEnv
 from tests.integrity import check_run
 

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 
 from rllib_recorder import OutputDirError, RecorderCallback, RecorderError
 from rllib_recorder.cli import main
-from rllib_recorder.inspect import verify_run
-from rllib_recorder.pool import writer_name
-from rllib_recorder.reader import open_run
+from rllib_recorder.commands.info import verify_run
+from rllib_recorder.read.reader import open_run
+from rllib_recorder.service.pool import writer_name
 from tests.helpers import damage
 from tests.integrity import check_run
 from tests.test_recording import ppo
@@ -163,7 +163,7 @@ def test_full_disk_reaches_the_driver_as_one_clear_error_and_keeps_earlier_rows(
     assert "disk full" in message and "free space" in message and "\n" not in message
     assert "fail_on_error=True" in message
     # The env runner survived the refused chunks and still samples; it counted them.
-    from rllib_recorder.runner import recorder_for
+    from rllib_recorder.record.runner import recorder_for
 
     def sample_and_count(runner):
         steps = sum(len(e) for e in runner.sample())
@@ -219,9 +219,9 @@ def undamaged_run(recorded_cartpole, tmp_path_factory):
     """A run whose worker file has the same bytes in every test session (fixed rows, no compression), so the
     derandomized mutations below hit the same places each time: HDF5 can loop forever on some damaged files
     (docs/RELIABILITY.md, Not done), and a random recorded file made that a lottery."""
-    from rllib_recorder import schema
-    from rllib_recorder.convert import episodes_to_chunk
-    from rllib_recorder.writer import RecordingWriter
+    from rllib_recorder.format import schema
+    from rllib_recorder.record.convert import episodes_to_chunk
+    from rllib_recorder.service.writer import RecordingWriter
     from tests.helpers import make_episode
 
     run_dir = str(tmp_path_factory.mktemp("undamaged") / "run")

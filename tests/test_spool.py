@@ -11,14 +11,21 @@ import numpy as np
 import pytest
 
 from rllib_recorder import RecorderConfig
-from rllib_recorder.convert import episodes_to_chunk
 from rllib_recorder.errors import SchemaError
-from rllib_recorder.outbox import Outbox
-from rllib_recorder.pool import SpoolWriter
-from rllib_recorder.spoolfile import (
-    HEADER, KIND_CHUNK, MAGIC, SPOOL_DIR, SegmentWriter, encode_record, read_record, segments_of,
+from rllib_recorder.format.spool import (
+    HEADER,
+    KIND_CHUNK,
+    MAGIC,
+    SPOOL_DIR,
+    SegmentWriter,
+    encode_record,
+    read_record,
+    segments_of,
 )
-from rllib_recorder.reader import open_run
+from rllib_recorder.read.reader import open_run
+from rllib_recorder.record.convert import episodes_to_chunk
+from rllib_recorder.record.outbox import Outbox
+from rllib_recorder.service.pool import SpoolWriter
 from tests.helpers import make_episode
 
 
@@ -146,8 +153,8 @@ def test_small_samples_are_committed_together_once_enough_rows_wait(tmp_path):
 
 
 def test_verify_reads_coalesced_batches_as_contiguous_samples(tmp_path):
-    from rllib_recorder.inspect import _verify_file
-    from rllib_recorder.reader import WorkerFile
+    from rllib_recorder.commands.info import _verify_file
+    from rllib_recorder.read.reader import WorkerFile
 
     run_dir, clock = str(tmp_path / "run"), Clock()
     out, spool = runner(run_dir), writer(run_dir, clock, coalesce_rows=10, coalesce_s=60)
@@ -295,8 +302,8 @@ def test_a_writer_actor_reads_the_spool_on_its_own_and_commits_in_time(ray_sessi
 
 
 def open_run_dir(run_dir):
-    from rllib_recorder.manifest import write_manifest
-    from rllib_recorder.schema import SCHEMA_VERSION
+    from rllib_recorder.format.manifest import write_manifest
+    from rllib_recorder.format.schema import SCHEMA_VERSION
 
     write_manifest(run_dir, {"format": "rllib_recorder", "schema_version": SCHEMA_VERSION, "status": "finished",
                              "run_id": "run-1"})
@@ -315,7 +322,7 @@ def _counting_runner(run_dir, **kwargs):
 
 
 def _finish(run_dir, spool, totals=None):
-    from rllib_recorder.manifest import write_manifest
+    from rllib_recorder.format.manifest import write_manifest
 
     stats = spool.close()
     write_manifest(run_dir, {"format": "rllib_recorder", "schema_version": "2.1", "status": "finished",
@@ -324,7 +331,7 @@ def _finish(run_dir, spool, totals=None):
 
 
 def test_verify_names_backpressure_drops_by_cause_and_counts_every_sampled_step(tmp_path):
-    from rllib_recorder.inspect import verify_report
+    from rllib_recorder.commands.info import verify_report
 
     run_dir, clock = str(tmp_path / "run"), Clock()
     out, add = _counting_runner(run_dir, policy="drop", max_backlog_bytes=1)  # the second sample finds it full
@@ -344,7 +351,7 @@ def test_verify_names_backpressure_drops_by_cause_and_counts_every_sampled_step(
 
 def test_verify_finds_a_gap_from_the_file_alone_when_the_manifest_has_no_totals(tmp_path):
     """A driver killed before it wrote totals: the batch rows' sender counters still show what was sampled."""
-    from rllib_recorder.inspect import verify_report
+    from rllib_recorder.commands.info import verify_report
 
     run_dir, clock = str(tmp_path / "run"), Clock()
     out, add = _counting_runner(run_dir)

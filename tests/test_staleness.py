@@ -6,14 +6,13 @@ import os
 
 import numpy as np
 
-from rllib_recorder import schema
-from rllib_recorder.convert import episodes_to_chunk
-from rllib_recorder.index import INDEX_NAME, read_index, rebuild_index
-from rllib_recorder.manifest import write_manifest
-from rllib_recorder.reader import WorkerFile
-from rllib_recorder.staleness import (chunk_learner_version, interval_rates, lag_summary, step_lags,
-                                      stored_rates)
-from rllib_recorder.writer import RecordingWriter
+from rllib_recorder.format import schema
+from rllib_recorder.format.index import INDEX_NAME, read_index, rebuild_index
+from rllib_recorder.format.lag import chunk_learner_version, interval_rates, lag_summary, step_lags, stored_rates
+from rllib_recorder.format.manifest import write_manifest
+from rllib_recorder.read.reader import WorkerFile
+from rllib_recorder.record.convert import episodes_to_chunk
+from rllib_recorder.service.writer import RecordingWriter
 from tests.helpers import make_episode, update_index_many
 
 

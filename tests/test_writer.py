@@ -6,10 +6,10 @@ import h5py
 import numpy as np
 import pytest
 
-from rllib_recorder import schema
-from rllib_recorder.convert import episodes_to_chunk
 from rllib_recorder.errors import RecorderError, SchemaError
-from rllib_recorder.writer import RecordingWriter
+from rllib_recorder.format import schema
+from rllib_recorder.record.convert import episodes_to_chunk
+from rllib_recorder.service.writer import RecordingWriter
 from tests.helpers import image_episode, make_episode, stacked_frames
 
 
@@ -137,8 +137,8 @@ def test_writer_refuses_pickling(tmp_path):
 def test_nested_dict_tuple_observations_read_back_as_nested(tmp_path):
     from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
-    from rllib_recorder.manifest import write_manifest
-    from rllib_recorder.reader import open_run
+    from rllib_recorder.format.manifest import write_manifest
+    from rllib_recorder.read.reader import open_run
 
     obs = [{"pos": np.full(2, t, np.float32), "inv": (np.int64(t), np.full(3, t, np.uint8))} for t in range(4)]
     episode = SingleAgentEpisode(id_="e", observations=obs, actions=[0, 1, 0], rewards=[1.0, 2.0, 3.0],
@@ -157,7 +157,7 @@ def test_nested_dict_tuple_observations_read_back_as_nested(tmp_path):
 
 
 def test_exact_float_frames_are_stored_as_uint8_and_read_back_bit_for_bit(tmp_path):
-    from rllib_recorder.reader import open_run
+    from rllib_recorder.read.reader import open_run
 
     rng = np.random.default_rng(0)
     codes = rng.integers(0, 256, size=(6, 8, 8, 4)).astype(np.uint8)
@@ -201,7 +201,7 @@ def test_a_frame_that_is_not_exact_turns_the_column_back_into_float32_losslessly
 @pytest.mark.parametrize("writer_encodes", [True, False])
 def test_frames_the_runner_sends_as_uint8_codes_are_stored_losslessly_whatever_came_before(tmp_path, sent,
                                                                                              writer_encodes):
-    from rllib_recorder.convert import encode_images
+    from rllib_recorder.record.convert import encode_images
 
     rng = np.random.default_rng(2)
     chunks, expected = [], []
@@ -265,8 +265,8 @@ def test_frame_stacks_are_stored_as_newest_frames_and_read_back_bit_for_bit_what
     runner, sent in full (the writer stacks them), or with a row that does not repeat the frames before it (the
     column turns into full stacks, once). Every row reads back bit for bit through the reader, whatever the rows
     asked for; plain h5py sees one frame per row and the frame_stack attribute."""
-    from rllib_recorder.convert import ConvertOptions
-    from rllib_recorder.reader import WorkerFile
+    from rllib_recorder.read.reader import WorkerFile
+    from rllib_recorder.record.convert import ConvertOptions
 
     rng = np.random.default_rng(3)
     writer = RecordingWriter(str(tmp_path), "run-1", schema.StorageOptions(stack_frames=writer_stacks))
@@ -320,8 +320,8 @@ def test_frame_stacks_inside_a_dict_space_and_from_the_old_stack_are_stacked_by_
     from ray.rllib.env.single_agent_episode import SingleAgentEpisode
     from ray.rllib.policy.sample_batch import SampleBatch
 
-    from rllib_recorder.convert import batch_to_chunk
-    from rllib_recorder.reader import WorkerFile
+    from rllib_recorder.read.reader import WorkerFile
+    from rllib_recorder.record.convert import batch_to_chunk
 
     rng = np.random.default_rng(7)
     codes = stacked_frames(rng, 5)
@@ -357,15 +357,15 @@ def test_frame_stacks_inside_a_dict_space_and_from_the_old_stack_are_stacked_by_
 
 
 def test_a_frame_stacked_column_without_its_head_frames_is_reported_in_one_line(tmp_path):
-    from rllib_recorder.convert import ConvertOptions
-    from rllib_recorder.reader import WorkerFile
+    from rllib_recorder.read.reader import WorkerFile
+    from rllib_recorder.record.convert import ConvertOptions
 
     episode, _ = image_episode(stacked_frames(np.random.default_rng(8), 4), "a")
     writer = _writer(tmp_path)
     writer.append(1, False, b"s" * 32, 0, episodes_to_chunk([episode], ConvertOptions(encode_images=True)))
     writer.close()
-    from rllib_recorder.inspect import verify_run
-    from rllib_recorder.manifest import write_manifest
+    from rllib_recorder.commands.info import verify_run
+    from rllib_recorder.format.manifest import write_manifest
 
     write_manifest(str(tmp_path), {"format": "rllib_recorder", "schema_version": schema.SCHEMA_VERSION,
                                    "status": "finished"})
@@ -416,7 +416,7 @@ def test_head_frames_that_are_not_exact_codes_are_kept_as_float32_and_a_later_re
 
 
 def test_reopen_drops_the_head_frames_of_a_column_a_crash_left_as_full_stacks(tmp_path):
-    from rllib_recorder.convert import ConvertOptions
+    from rllib_recorder.record.convert import ConvertOptions
 
     rng = np.random.default_rng(4)
     episode, frames = image_episode(stacked_frames(rng, 5), "a")
@@ -483,7 +483,7 @@ def test_freed_space_is_never_reused_and_dead_space_is_compacted_away_without_lo
 def test_a_stale_end_of_allocation_left_by_a_kill_is_repaired_before_reopening_not_cut_off(tmp_path):
     """A writer killed after HDF5 wrote a chunk and its index but before the superblock's EOA: the chunk's
     bytes are in the file, past the EOA the superblock records. Opening for append must not cut them off."""
-    from rllib_recorder import h5repair
+    from rllib_recorder.format import repair as h5repair
 
     writer = _writer(tmp_path)
     writer.append(1, False, b"s" * 32, 0, _noisy_chunk(0, 30))
@@ -535,7 +535,7 @@ def test_commits_overwrite_the_record_in_place_so_the_root_header_never_grows(tm
 def test_a_commit_record_that_outgrows_its_attribute_is_recreated_larger_and_later_commits_fit_in_place(tmp_path):
     # The writer keeps the record and its attribute open between appends; one that outgrows the attribute (here
     # 60 agents' counts) is re-created at twice its size, and the next commits write the new one in place.
-    from rllib_recorder.convert import Chunk
+    from rllib_recorder.record.convert import Chunk
 
     def chunk(agents, seq):
         stream = episodes_to_chunk([make_episode(3, eps_id=f"e{seq}")]).streams["default_agent"]

@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from rllib_recorder.commands.experiment import check_experiment, load_experiment
 from rllib_recorder.errors import ConfigError, RecorderError
-from rllib_recorder.experiment import check_experiment, load_experiment
 from tests import hostile_yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -17,17 +17,18 @@ from typing import Any
 
 import ray
 
-from rllib_recorder import durable, lifecycle
 from rllib_recorder.config import RecorderConfig
 from rllib_recorder.errors import OutputDirError, RecorderError
-from rllib_recorder.index import entry_from_manifest, update_run
-from rllib_recorder.learner import count_consumed, hook_learners
-from rllib_recorder.liveness import process_start
-from rllib_recorder.manifest import now_iso, read_manifest, versions, write_manifest
-from rllib_recorder.pool import Binding, WriterPool, current_node_id
-from rllib_recorder.runner import bind_env_runner, drain_env_runner, recorder_for, runner_node_id
-from rllib_recorder.spoolfile import sender_dirs
-from rllib_recorder.staleness import PERCENTILES, interval_rates, lag_summary
+from rllib_recorder.format import durable
+from rllib_recorder.format.index import entry_from_manifest, update_run
+from rllib_recorder.format.lag import PERCENTILES, interval_rates, lag_summary
+from rllib_recorder.format.liveness import process_start
+from rllib_recorder.format.manifest import now_iso, read_manifest, versions, write_manifest
+from rllib_recorder.format.spool import sender_dirs
+from rllib_recorder.record.runner import bind_env_runner, drain_env_runner, recorder_for, runner_node_id
+from rllib_recorder.service import lifecycle
+from rllib_recorder.service.learner import count_consumed, hook_learners
+from rllib_recorder.service.pool import Binding, WriterPool, current_node_id
 
 logger = logging.getLogger(__name__)
 
@@ -259,8 +260,8 @@ class RunRecorder:
     def _commit_left_spools(self) -> list[dict[str, Any]] | None:
         """Commits here what is still in this node's spools after the writers closed (writers that died, or Ray
         shut down first); None if nothing was left."""
-        from rllib_recorder.recover import commit_spools_in_child
-        from rllib_recorder.spoolfile import sender_dirs
+        from rllib_recorder.format.spool import sender_dirs
+        from rllib_recorder.service.recover import commit_spools_in_child
 
         if next(sender_dirs(self.run_dir), None) is None:
             return None
@@ -414,8 +415,8 @@ def previous_attempt(run_dir: str, experiment: str | None, trial: str | None) ->
 def _recover_earlier(run_dir: str) -> dict[str, Any]:
     """Recovers the earlier attempt of a trial, once its processes are gone (a killed trial actor's writers
     follow it within seconds)."""
-    from rllib_recorder.liveness import recording_now
-    from rllib_recorder.recover import recover_run
+    from rllib_recorder.format.liveness import recording_now
+    from rllib_recorder.service.recover import recover_run
 
     deadline = time.monotonic() + 30.0
     while True:
@@ -515,6 +516,6 @@ def _jsonable(value: Any) -> Any:
 
 
 def _schema_version() -> str:
-    from rllib_recorder.schema import SCHEMA_VERSION
+    from rllib_recorder.format.schema import SCHEMA_VERSION
 
     return SCHEMA_VERSION

@@ -116,7 +116,7 @@ class _Prober:
     def _started(self) -> subprocess.Popen:
         if self.proc is None or self.proc.poll() is not None:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", "from rllib_recorder.probe import _main; _main()"],
+                [sys.executable, "-c", "from rllib_recorder.read.probe import _main; _main()"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                 env={**os.environ, "RLLIB_RECORDER_PROBE": "0"})
             assert self.proc.stdout is not None

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from rllib_recorder.errors import ExportError
-from rllib_recorder.formats import require_extra
-from rllib_recorder.reader import Run, WorkerFile
+from rllib_recorder.read.convert import require_extra
+from rllib_recorder.read.reader import Run, WorkerFile
 
 
 def episode_returns(f: WorkerFile, agent: str) -> tuple[np.ndarray, np.ndarray]:

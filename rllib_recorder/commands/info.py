@@ -8,11 +8,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from rllib_recorder import accounting, liveness, schema
 from rllib_recorder.errors import SchemaError
-from rllib_recorder.reader import open_run
-from rllib_recorder.staleness import count_lags, lag_summary, stored_rates
-
+from rllib_recorder.format import liveness, schema
+from rllib_recorder.format.lag import count_lags, lag_summary, stored_rates
+from rllib_recorder.read import accounting
+from rllib_recorder.read.reader import open_run
 
 # Manifest states of a run whose recording ended (on a stop, an exit or a signal, or repaired by recover).
 ENDED = ("finished", "interrupted", "recovered")
@@ -280,7 +280,7 @@ def summarize_folder(folder: str) -> dict[str, Any]:
     """Every run at or below ``folder``: one row each (grouped by the folder that holds it, e.g. a Tune
     experiment), the experiments' indexes checked against their runs, and totals."""
     from rllib_recorder.errors import RecorderError
-    from rllib_recorder.index import INDEX_NAME, read_index
+    from rllib_recorder.format.index import INDEX_NAME, read_index
 
     if not os.path.isdir(folder):
         raise SchemaError(f"{folder} is not a directory; pass a run directory (it holds manifest.json) or a "

@@ -9,7 +9,7 @@ import numpy as np
 from rllib_recorder.errors import ConversionError, ExportError
 
 if TYPE_CHECKING:
-    from rllib_recorder.reader import Episode, Run, WorkerFile  # noqa: F401
+    from rllib_recorder.read.reader import Episode, Run, WorkerFile  # noqa: F401
 
 # Step columns with one number per row: what a DataFrame holds.
 SCALAR_COLUMNS = ("eps_id", "t", "rewards", "terminateds", "truncateds", "weights_seq_no")
@@ -85,7 +85,7 @@ def to_ray_dataset(run: "Run", *, rows_per_task: int, evaluation: bool | None) -
     """A ``ray.data.Dataset`` of steps read by one task per (file, agent, row range)."""
     import ray.data
 
-    from rllib_recorder.dataset import RecordedStepsDatasource
+    from rllib_recorder.read.datasource import RecordedStepsDatasource
 
     return ray.data.read_datasource(RecordedStepsDatasource(run, rows_per_task, evaluation))
 

@@ -17,11 +17,11 @@ import time
 from typing import Any, Iterator
 
 from rllib_recorder.errors import SchemaError
-from rllib_recorder.manifest import MANIFEST_NAME, RUN_DIR_NAME, read_json, read_manifest, write_json_atomic
+from rllib_recorder.format.manifest import MANIFEST_NAME, RUN_DIR_NAME, read_json, read_manifest, write_json_atomic
 
 INDEX_NAME = "recorder_index.json"
 LOCK_NAME = ".recorder_index.lock"
-INDEX_FORMAT = "rllib_recorder.index"
+INDEX_FORMAT = "rllib_recorder.format.index"
 
 
 @contextlib.contextmanager

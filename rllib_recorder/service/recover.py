@@ -6,11 +6,13 @@ import glob
 import os
 from typing import Any, Callable
 
-from rllib_recorder import durable, h5repair, probe, schema
 from rllib_recorder.errors import SchemaError
-from rllib_recorder.liveness import recording_now
-from rllib_recorder.manifest import now_iso, place_files, read_manifest, write_manifest
-from rllib_recorder.spoolfile import sender_dirs
+from rllib_recorder.format import durable, schema
+from rllib_recorder.format import repair as h5repair
+from rllib_recorder.format.liveness import recording_now
+from rllib_recorder.format.manifest import now_iso, place_files, read_manifest, write_manifest
+from rllib_recorder.format.spool import sender_dirs
+from rllib_recorder.read import probe
 
 RECOVERED = "recovered"
 
@@ -23,8 +25,8 @@ def commit_spools(run_dir: str, run_id: str, config: Any = None) -> list[dict[st
     continues each file after its last commit and skips every record a file already commits.
     """
     from rllib_recorder.config import RecorderConfig
-    from rllib_recorder.pool import SpoolWriter
-    from rllib_recorder.spoolfile import parse_stem
+    from rllib_recorder.format.spool import parse_stem
+    from rllib_recorder.service.pool import SpoolWriter
 
     config = config if config is not None else RecorderConfig()
     tags = sorted({parse_stem(stem)[2] for stem, _, _ in sender_dirs(run_dir)})  # type: ignore[index]
@@ -45,7 +47,7 @@ def commit_spools_in_child(run_dir: str, run_id: str, config: Any, timeout_s: fl
 
     request = json.dumps({"run_dir": run_dir, "run_id": run_id, "config": config.to_dict()})
     try:
-        done = subprocess.run([sys.executable, "-c", "from rllib_recorder.recover import _commit_main; _commit_main()"],
+        done = subprocess.run([sys.executable, "-c", "from rllib_recorder.service.recover import _commit_main; _commit_main()"],
                               input=request.encode(), capture_output=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         raise SchemaError(f"committing the spools of {run_dir} took longer than {timeout_s:.0f} s") from None

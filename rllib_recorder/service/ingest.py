@@ -17,12 +17,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from rllib_recorder.convert import Chunk, merge_chunks
 from rllib_recorder.errors import SchemaError, WriterError
-from rllib_recorder.liveness import HEARTBEAT_NAME, heartbeat_owner
-from rllib_recorder.spoolfile import (
-    KIND_CHUNK, KIND_END, SPOOL_DIR, Record, parse_stem, read_record, segment_name, segments_of, sender_dirs,
+from rllib_recorder.format.liveness import HEARTBEAT_NAME, heartbeat_owner
+from rllib_recorder.format.spool import (
+    KIND_CHUNK,
+    KIND_END,
+    SPOOL_DIR,
+    Record,
+    parse_stem,
+    read_record,
+    segment_name,
+    segments_of,
+    sender_dirs,
 )
+from rllib_recorder.record.convert import Chunk, merge_chunks
 
 logger = logging.getLogger(__name__)
 

@@ -14,12 +14,21 @@ from typing import Any, Iterator, Mapping
 import h5py
 import numpy as np
 
-from rllib_recorder import durable, h5repair
-from rllib_recorder.convert import (
-    HEAD_PREFIX, Chunk, Stream, decode_codes, encode_uint8, fragment_starts, image_grid, stack_frames, unstack_frames,
+from rllib_recorder.errors import SchemaError
+from rllib_recorder.format import durable
+from rllib_recorder.format import repair as h5repair
+from rllib_recorder.record.convert import (
+    HEAD_PREFIX,
+    Chunk,
+    Stream,
+    decode_codes,
+    encode_uint8,
+    fragment_starts,
+    image_grid,
+    stack_frames,
+    unstack_frames,
     unstack_stream,
 )
-from rllib_recorder.errors import SchemaError
 
 FORMAT_NAME = "rllib_recorder"
 SCHEMA_VERSION = "2.1"

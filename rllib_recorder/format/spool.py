@@ -34,8 +34,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from rllib_recorder.convert import Chunk, Stream
 from rllib_recorder.errors import ConversionError, SchemaError
+from rllib_recorder.record.convert import Chunk, Stream
 
 SPOOL_DIR = ".spool"
 SEGMENT_SUFFIX = ".spool"

@@ -7,15 +7,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from ray.data import Datasource
 
-from rllib_recorder import schema
+from rllib_recorder.format import schema
 
 if TYPE_CHECKING:
-    from rllib_recorder.reader import Run
+    from rllib_recorder.read.reader import Run
 
 
 def read_step_rows(path: str, agent: str, start: int, stop: int) -> dict[str, np.ndarray]:
     """Rows ``[start, stop)`` of one agent's steps in one worker file, flat columns (``obs/pos``) plus ids."""
-    from rllib_recorder.reader import WorkerFile
+    from rllib_recorder.read.reader import WorkerFile
 
     f = WorkerFile(path)
     try:

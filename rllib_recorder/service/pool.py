@@ -13,13 +13,13 @@ from typing import Any, Callable
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from rllib_recorder import schema
 from rllib_recorder.config import RecorderConfig
-from rllib_recorder.convert import Chunk
-from rllib_recorder.ingest import Ingest
-from rllib_recorder.manifest import place_files
-from rllib_recorder.spoolfile import parse_stem
-from rllib_recorder.writer import RecordingWriter
+from rllib_recorder.format import schema
+from rllib_recorder.format.manifest import place_files
+from rllib_recorder.format.spool import parse_stem
+from rllib_recorder.record.convert import Chunk
+from rllib_recorder.service.ingest import Ingest
+from rllib_recorder.service.writer import RecordingWriter
 
 logger = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ from typing import Any, Callable, Iterator
 
 import ray
 
-from rllib_recorder import durable
 from rllib_recorder.errors import GatherError, SchemaError
-from rllib_recorder.manifest import MANIFEST_NAME, now_iso, read_json, read_manifest, write_manifest
+from rllib_recorder.format import durable
+from rllib_recorder.format.manifest import MANIFEST_NAME, now_iso, read_json, read_manifest, write_manifest
 
 PIECE_BYTES = 4 << 20
 MARKER_NAME = "gather.json"  # in the target while a gather is unfinished: which run it is gathering

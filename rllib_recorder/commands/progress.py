@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from ray.tune import Callback
 
-from rllib_recorder.report import compression_text, human_bytes, human_count, human_duration, human_number
+from rllib_recorder.commands.report import compression_text, human_bytes, human_count, human_duration, human_number
 
 COLUMNS = ("trial", "status", "iter", "env steps", "return mean", "stored", "on disk", "sampler wait", "errors",
            "time")
@@ -30,7 +30,7 @@ class TrialLine:
         """Takes steps, bytes and errors from the run's closed manifest: a train result is taken before the
         writers commit that iteration's samples, the manifest once all is committed."""
         from rllib_recorder.errors import RecorderError
-        from rllib_recorder.manifest import read_manifest
+        from rllib_recorder.format.manifest import read_manifest
 
         recorder = self.result.get("recorder")
         if not isinstance(recorder, dict) or not isinstance(recorder.get("run_dir"), str):
@@ -160,8 +160,8 @@ class TrainProgress(Callback):
 
 def run_summary(run_dir: str) -> list[str]:
     """A few lines on a recorded run: where, what it holds, and whether ``verify`` finds it sound."""
+    from rllib_recorder.commands.info import summarize, verify_report
     from rllib_recorder.errors import RecorderError
-    from rllib_recorder.inspect import summarize, verify_report
 
     shown = display_path(run_dir)
     try:
@@ -199,7 +199,7 @@ def next_commands(run_dirs: list[str]) -> list[str]:
 
 def _single_agent_new_stack(run_dir: str) -> bool:
     from rllib_recorder.errors import RecorderError
-    from rllib_recorder.reader import open_run
+    from rllib_recorder.read.reader import open_run
 
     try:
         with open_run(run_dir) as run:

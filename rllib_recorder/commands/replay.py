@@ -11,10 +11,11 @@ from typing import Any, Callable, Iterator
 import h5py
 import numpy as np
 
-from rllib_recorder import envstate, schema
 from rllib_recorder.errors import ReplayError
-from rllib_recorder.formats import unbatch
-from rllib_recorder.reader import Batch, Episode, Run
+from rllib_recorder.format import schema
+from rllib_recorder.read.convert import unbatch
+from rllib_recorder.read.reader import Batch, Episode, Run
+from rllib_recorder.record import envstate
 
 ATARI_NAME = re.compile(r"^(?P<id>.+)-atari(?P<dim>\d+)x(?P<stack>\d+)$")
 
@@ -103,7 +104,7 @@ def env_factory(run: Run, env: str | None = None) -> tuple[str, Callable[[], Any
     env_config = dict(run.manifest.get("env_config") or {})
     atari = ATARI_NAME.match(name)
     if atari:
-        from rllib_recorder.experiment import make_atari_env
+        from rllib_recorder.commands.experiment import make_atari_env
 
         if not trusted:
             _recorded_gym_id(run, atari["id"], name)
@@ -140,7 +141,7 @@ def _recorded_gym_id(run: Run, gym_id: str, name: str) -> None:
         raise ReplayError(f"run {run.path} names its env {name[:200]!r}, which is not a gymnasium id (a recording's "
                           "contents are never imported or run); pass --env with the env to use")
     if module is not None:
-        from rllib_recorder.experiment import import_env_package
+        from rllib_recorder.commands.experiment import import_env_package
 
         import_env_package(module)
     if match["id"] not in gym.registry:
@@ -239,7 +240,7 @@ def _gym_make(name: str, env_config: dict[str, Any]) -> Any:
     module, _, _ = name.partition(":")
     try:
         if ":" in name:
-            from rllib_recorder.experiment import import_env_package
+            from rllib_recorder.commands.experiment import import_env_package
 
             import_env_package(module)
             name = name.partition(":")[2]

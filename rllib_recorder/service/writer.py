@@ -15,10 +15,10 @@ from typing import Any
 
 import h5py
 
-from rllib_recorder import durable, schema
-from rllib_recorder.convert import Chunk
-from rllib_recorder.staleness import chunk_learner_version, count_lags, step_lags
 from rllib_recorder.errors import RecorderError, WriterError
+from rllib_recorder.format import durable, schema
+from rllib_recorder.format.lag import chunk_learner_version, count_lags, step_lags
+from rllib_recorder.record.convert import Chunk
 
 logger = logging.getLogger(__name__)
 # Learner versions kept for look-ups (APPO reports many per second); the older half goes when full.

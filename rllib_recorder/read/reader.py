@@ -11,10 +11,11 @@ from typing import Any, Iterator
 import h5py
 import numpy as np
 
-from rllib_recorder import probe, schema
 from rllib_recorder.errors import SchemaError
-from rllib_recorder.manifest import read_manifest
-from rllib_recorder.staleness import rows_learner_version, step_lags
+from rllib_recorder.format import schema
+from rllib_recorder.format.lag import rows_learner_version, step_lags
+from rllib_recorder.format.manifest import read_manifest
+from rllib_recorder.read import probe
 
 
 @dataclass(frozen=True)
@@ -59,13 +60,13 @@ class Episode:
 
     def to_single_agent_episode(self) -> Any:
         """This episode as RLlib's ``SingleAgentEpisode`` (numpy)."""
-        from rllib_recorder.formats import to_single_agent_episode
+        from rllib_recorder.read.convert import to_single_agent_episode
 
         return to_single_agent_episode(self)
 
     def to_sample_batch(self) -> Any:
         """This episode as RLlib's ``SampleBatch`` (obs, new_obs, actions, rewards, ...)."""
-        from rllib_recorder.formats import to_sample_batch
+        from rllib_recorder.read.convert import to_sample_batch
 
         return to_sample_batch(self)
 
@@ -346,13 +347,13 @@ class Run:
 
     def to_dataframe(self, *, evaluation: bool | None = False) -> Any:
         """A pandas DataFrame of the scalar step columns, one row per step (needs the 'export' extra)."""
-        from rllib_recorder.formats import to_dataframe
+        from rllib_recorder.read.convert import to_dataframe
 
         return to_dataframe(self._files(evaluation))
 
     def to_ray_dataset(self, *, rows_per_task: int = 50_000, evaluation: bool | None = False) -> Any:
         """A ``ray.data.Dataset`` of steps: one read task per worker file and row range, read in parallel."""
-        from rllib_recorder.formats import to_ray_dataset
+        from rllib_recorder.read.convert import to_ray_dataset
 
         return to_ray_dataset(self, rows_per_task=rows_per_task, evaluation=evaluation)
 

@@ -10,12 +10,12 @@ import weakref
 from collections import Counter
 from typing import Any
 
-from rllib_recorder.convert import START_STATE_KEY, Chunk, ConvertOptions, batch_to_chunk, episodes_to_chunk
-from rllib_recorder.envstate import plan_of, sub_envs
-from rllib_recorder.ingest import HEARTBEAT_NAME
-from rllib_recorder.outbox import Outbox, heartbeat_age_s
-from rllib_recorder.pool import Binding
-from rllib_recorder.spoolfile import SPOOL_DIR, SegmentWriter
+from rllib_recorder.format.spool import SPOOL_DIR, SegmentWriter
+from rllib_recorder.record.convert import START_STATE_KEY, Chunk, ConvertOptions, batch_to_chunk, episodes_to_chunk
+from rllib_recorder.record.envstate import plan_of, sub_envs
+from rllib_recorder.record.outbox import Outbox, heartbeat_age_s
+from rllib_recorder.service.ingest import HEARTBEAT_NAME
+from rllib_recorder.service.pool import Binding
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def bind_env_runner(env_runner: Any, binding: Binding) -> dict[str, Any]:
 
 def runner_node_id(env_runner: Any) -> str:
     """Run on each env runner by the driver: the Ray node it runs on."""
-    from rllib_recorder.pool import current_node_id
+    from rllib_recorder.service.pool import current_node_id
 
     return current_node_id()
 
@@ -123,7 +123,7 @@ class RunnerRecorder:
     def bind(self, binding: Binding) -> None:
         if self.binding is not None and self.binding.run_id == binding.run_id and self.outbox is not None:
             return
-        from rllib_recorder.pool import current_node_id
+        from rllib_recorder.service.pool import current_node_id
 
         config = binding.config
         self.binding = binding
@@ -202,7 +202,7 @@ class RunnerRecorder:
 
     def writer_name(self) -> str | None:
         """The name of the writer actor that owns this runner's file (None while unbound)."""
-        from rllib_recorder.pool import assign_writer, current_node_id
+        from rllib_recorder.service.pool import assign_writer, current_node_id
 
         if self.binding is None:
             return None

@@ -11,8 +11,8 @@ import h5py
 import numpy as np
 
 from rllib_recorder.errors import ExportError
-from rllib_recorder.formats import require_extra
-from rllib_recorder.reader import Episode, Run
+from rllib_recorder.read.convert import require_extra
+from rllib_recorder.read.reader import Episode, Run
 
 # The columns RLlib's OfflinePreLearner maps to episodes (its default input schema).
 RLLIB_COLUMNS = ("eps_id", "obs", "new_obs", "actions", "rewards", "terminateds", "truncateds")
@@ -105,8 +105,8 @@ def recorded_env_spec(run: Run) -> Any:
     """The gymnasium ``EnvSpec`` of the run's env when it is a plain gymnasium id registered here (a name the
     recorder gave RLlib's Atari wrappers is not: its frames are not the raw env's); else None. The manifest is
     data: only ids already registered (after at most importing ``ale_py``) are looked up."""
+    from rllib_recorder.commands.replay import ATARI_NAME, _recorded_gym_id
     from rllib_recorder.errors import ReplayError
-    from rllib_recorder.replay import ATARI_NAME, _recorded_gym_id
 
     name = run.manifest.get("env")
     if not isinstance(name, str) or ATARI_NAME.match(name):

@@ -1,0 +1,1 @@
+"""The stored form and nothing else: layout and schema version, columns, commits, the manifest, index, spool and codecs."""
