@@ -2,7 +2,7 @@
 
 Every append recompresses the partial last HDF5 chunk of each compressed column of a file's ~35, so a column of
 small rows (CartPole's rewards, t, ...) costs work in proportion to its chunk, not to the rows appended: this is
-what ``schema.MAX_CHUNK_ROWS`` bounds, and why the index tables, which get a few rows per append, are stored
+what ``datasets.MAX_CHUNK_ROWS`` bounds, and why the index tables, which get a few rows per append, are stored
 unfiltered (layout "selective"; "all-gzip" compresses every column, as before 2026-12-02). Data: real CartPole-v1 vectors in 25-step episodes with an action_logp column,
 appended through ``RecordingWriter.append`` (every column, indexes, commit, flushes) in this process; CPU time of
 this process per append. 600 rows is what one of 4 env runners hands over per 2 s (coalesce_s) here, 2400 one
@@ -33,17 +33,17 @@ LAYOUTS = {"selective": {}, "all-gzip": {"INDEX_PLAIN_ROW_BYTES": 0, "MIN_COMPRE
 
 def run(work: str, chunks: list, max_chunk_rows: int, layout: str = "selective") -> tuple[float, int]:
     """(CPU seconds of every append after the first, file bytes) writing ``chunks`` with this chunk-row limit."""
-    from rllib_recorder.format import schema
+    from rllib_recorder.format import datasets
     from rllib_recorder.service.writer import RecordingWriter
 
     changes = {"MAX_CHUNK_ROWS": max_chunk_rows, **LAYOUTS[layout]}
-    saved = {k: getattr(schema, k) for k in changes}
+    saved = {k: getattr(datasets, k) for k in changes}
     for k, v in changes.items():
-        setattr(schema, k, v)
+        setattr(datasets, k, v)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     try:
-        writer = RecordingWriter(work, "bench", schema.StorageOptions())
+        writer = RecordingWriter(work, "bench", datasets.StorageOptions())
         writer.append(1, False, b"b" * 32, 0, chunks[0])  # creates the columns
         start = time.process_time()
         for seq, chunk in enumerate(chunks[1:], 1):
@@ -52,7 +52,7 @@ def run(work: str, chunks: list, max_chunk_rows: int, layout: str = "selective")
         writer.close()
     finally:
         for k, v in saved.items():
-            setattr(schema, k, v)
+            setattr(datasets, k, v)
     return cpu, sum(os.path.getsize(os.path.join(work, f)) for f in os.listdir(work))
 
 
@@ -70,7 +70,7 @@ def main() -> None:
     import gymnasium as gym
     from bench_writer import chunks_of, episodes_from_env
 
-    from rllib_recorder.format import schema
+    from rllib_recorder.format import datasets
 
     episodes = episodes_from_env(lambda: gym.make("CartPole-v1"), args.steps, 25)
     data = {rows: chunks_of(episodes, rows) for rows in args.rows}
@@ -92,7 +92,7 @@ def main() -> None:
     lines = ["| rows per append | chunk-row limit | column layout | writer CPU ms per append | us per step "
              "| bytes per step on disk |", "|---|---|---|---|---|---|"]
     for (rows, limit, layout), values in cpu.items():
-        default = " (default)" if limit == schema.MAX_CHUNK_ROWS else ""
+        default = " (default)" if limit == datasets.MAX_CHUNK_ROWS else ""
         lines.append(f"| {rows} | {limit}{default} | {layout} | {benchdoc.cell(values, '{:.2f}')} "
                      f"| {benchdoc.cell([1000 * v / rows for v in values], '{:.2f}')} "
                      f"| {size[rows, limit, layout] / args.steps:.1f} |")

@@ -130,10 +130,10 @@ def actor_run(run_dir: str, chunks: list[Any], window: int = 4) -> tuple[float, 
     """
     import ray
 
-    from rllib_recorder.format import schema
+    from rllib_recorder.format import datasets
     from rllib_recorder.service.writer import RecordingWriter
 
-    actor = ray.remote(RecordingWriter).options(num_cpus=0).remote(run_dir, "bench-actor", schema.StorageOptions())
+    actor = ray.remote(RecordingWriter).options(num_cpus=0).remote(run_dir, "bench-actor", datasets.StorageOptions())
     ray.get(actor.stats.remote())
     refs = [ray.put(c) for c in chunks]  # the env runner's side of the copy is not timed here
     latencies, in_flight, rows = [], {}, 0
@@ -178,14 +178,13 @@ def main() -> None:
     import ray
 
     from rllib_recorder.commands.experiment import make_atari_env
-    from rllib_recorder.format import schema
 
     datasets = {
         "Breakout 84x84x4": chunks_of(episodes_from_env(
             lambda: make_atari_env("ale_py:ALE/Breakout-v5", 84, 4, {}), args.frames, 200), rows=64),
         "CartPole 4 x f32": chunks_of(episodes_from_env(lambda: gym.make("CartPole-v1"), args.vectors, 500), rows=4096),
     }
-    base = schema.StorageOptions()
+    base = datasets.StorageOptions()
     codecs = {
         "writer gzip-1 (default)": base,
         "writer lzf": replace(base, compression="lzf"),

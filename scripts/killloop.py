@@ -31,8 +31,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rllib_recorder.errors import RecorderError  # noqa: E402
-from rllib_recorder.format import schema  # noqa: E402
-from rllib_recorder.record.convert import Chunk, Stream  # noqa: E402
+from rllib_recorder.format import append, commits, datasets, layout  # noqa: E402
+from rllib_recorder.format.chunks import Chunk, Stream  # noqa: E402
 
 AGENT = "default_agent"
 WIDTH = 8
@@ -78,10 +78,10 @@ def _object_array(items: list) -> np.ndarray:
 def child(run_dir: str, file_space: str, rows: int) -> None:
     from rllib_recorder.service.writer import RecordingWriter
 
-    writer = RecordingWriter(run_dir, "killloop", schema.StorageOptions(file_space=file_space))
+    writer = RecordingWriter(run_dir, "killloop", datasets.StorageOptions(file_space=file_space))
     sender = os.urandom(8).hex().encode()
     h5 = writer._file((1, False))
-    first = schema.read_commit(h5)["agents"].get(AGENT, (0, 0))[0]
+    first = commits.read_commit(h5)["agents"].get(AGENT, (0, 0))[0]
     print("ready", flush=True)
     seq = 0
     while True:
@@ -94,11 +94,11 @@ def child(run_dir: str, file_space: str, rows: int) -> None:
 def check(path: str, file_space: str) -> tuple[int, str | None]:
     """Reopens like a restarted writer, then checks every committed row; (rows, problem or None)."""
     try:
-        h5 = schema.open_for_append(path, {"run_id": "killloop"}, file_space)
+        h5 = append.open_for_append(path, {"run_id": "killloop"}, file_space)
     except (RecorderError, OSError, KeyError, ValueError, RuntimeError) as e:  # what h5py raises on damage
         return -1, f"reopen failed: {type(e).__name__}: {e}"
     try:
-        rows = schema.read_commit(h5)["agents"].get(AGENT, (0, 0))[0]
+        rows = commits.read_commit(h5)["agents"].get(AGENT, (0, 0))[0]
         if not rows:
             return 0, None
         steps = h5[f"agents/{AGENT}/steps"]
@@ -118,7 +118,7 @@ def check(path: str, file_space: str) -> tuple[int, str | None]:
 def run_variant(file_space: str, kills: int, rows: int, seed: int) -> dict:
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix=f"killloop-{file_space}-") as run_dir:
-        path = os.path.join(run_dir, schema.file_name(1))
+        path = os.path.join(run_dir, layout.file_name(1))
         committed = 0
         problem = None
         done = 0
@@ -152,7 +152,7 @@ def _sum_storage(path: str) -> int:
     import h5py
 
     with h5py.File(path, "r") as h5:
-        return schema.chunk_bytes(h5)
+        return commits.chunk_bytes(h5)
 
 
 def space(file_space: str, rows: int, total_rows: int = 100_000) -> dict:
@@ -160,8 +160,8 @@ def space(file_space: str, rows: int, total_rows: int = 100_000) -> dict:
     from rllib_recorder.service.writer import RecordingWriter
 
     with tempfile.TemporaryDirectory(prefix="killloop-space-") as run_dir:
-        writer = RecordingWriter(run_dir, "space", schema.StorageOptions(file_space=file_space))
-        path = os.path.join(run_dir, schema.file_name(1))
+        writer = RecordingWriter(run_dir, "space", datasets.StorageOptions(file_space=file_space))
+        path = os.path.join(run_dir, layout.file_name(1))
         peak = first = 0
         for seq in range(max(1, total_rows // rows)):
             writer.append(1, False, b"s", seq, make_chunk(first, rows))

@@ -9,14 +9,9 @@ from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
 from rllib_recorder.errors import ConversionError
-from rllib_recorder.record.convert import (
-    ConvertOptions,
-    batch_to_chunk,
-    encode_images,
-    episodes_to_chunk,
-    flatten_value,
-    merge_chunks,
-)
+from rllib_recorder.format.chunks import encode_images, merge_chunks
+from rllib_recorder.record.batches import batch_to_chunk
+from rllib_recorder.record.convert import ConvertOptions, episodes_to_chunk, flatten_value
 from tests.helpers import image_episode, make_episode, stacked_frames
 
 
@@ -221,7 +216,7 @@ def test_merging_encoded_and_float_samples_decodes_only_the_columns_they_disagre
 
 
 def test_a_black_first_frame_does_not_hide_the_grid_the_rest_of_the_frames_lie_on():
-    from rllib_recorder.record.convert import image_grid
+    from rllib_recorder.format.codecs import image_grid
 
     codes = np.random.default_rng(7).integers(0, 256, size=(4, 5, 5, 1))
     codes[0] = 0  # black in u8 * (1/255) is 0.0, which is also code 128 of u8 / 128 - 1
@@ -236,7 +231,7 @@ def test_a_black_first_frame_does_not_hide_the_grid_the_rest_of_the_frames_lie_o
 
 
 def test_frame_stacks_are_sent_as_their_newest_frames_and_rebuilt_bit_for_bit():
-    from rllib_recorder.record.convert import unstack_stream
+    from rllib_recorder.format.chunks import unstack_stream
 
     rng = np.random.default_rng(8)
     episodes = [image_episode(stacked_frames(rng, n), f"e{n}")[0] for n in (3, 1, 6)]

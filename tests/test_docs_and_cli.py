@@ -13,7 +13,7 @@ import numpy as np
 from click.testing import CliRunner
 
 from rllib_recorder.cli import main
-from rllib_recorder.format import schema
+from rllib_recorder.format import layout
 from rllib_recorder.read.reader import open_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,8 +21,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_format_doc_names_every_field():
     doc = open(os.path.join(ROOT, "docs", "FORMAT.md")).read()
-    for names in (schema.FILE_ATTRS, schema.BATCH_COLUMNS, schema.STEP_COLUMNS, schema.FRAGMENT_COLUMNS,
-                  schema.ENCODING_ATTRS):
+    for names in (layout.FILE_ATTRS, layout.BATCH_COLUMNS, layout.STEP_COLUMNS, layout.FRAGMENT_COLUMNS,
+                  layout.ENCODING_ATTRS):
         for name in names:
             assert f"`{name}`" in doc, name
 

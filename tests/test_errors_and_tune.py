@@ -10,7 +10,6 @@ import pytest
 from click.testing import CliRunner
 from ray import tune
 from ray.rllib.algorithms.appo import APPOConfig
-from ray.rllib.algorithms.ppo import PPOConfig
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
 from rllib_recorder import ConfigError, OutputDirError, RecorderCallback, RecorderConfig, RecorderError

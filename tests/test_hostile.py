@@ -147,7 +147,7 @@ def test_the_reader_api_raises_only_recorder_errors_on_hostile_manifests(recorde
 
 
 def test_with_fsync_new_files_and_renames_are_followed_by_a_directory_fsync(tmp_path, monkeypatch):
-    from rllib_recorder.format import durable, manifest, schema
+    from rllib_recorder.format import commits, datasets, durable, manifest
     from rllib_recorder.record.convert import episodes_to_chunk
     from rllib_recorder.service.writer import RecordingWriter
     from tests.helpers import make_episode
@@ -157,19 +157,19 @@ def test_with_fsync_new_files_and_renames_are_followed_by_a_directory_fsync(tmp_
     monkeypatch.setattr(durable, "fsync_dir", lambda path: (synced.append(os.path.abspath(path)), real(path)))
     run_dir = str(tmp_path / "run")
     os.makedirs(run_dir)
-    writer = RecordingWriter(run_dir, "run-1", schema.StorageOptions(fsync=True))
+    writer = RecordingWriter(run_dir, "run-1", datasets.StorageOptions(fsync=True))
     writer.append(1, False, b"s" * 16, 0, episodes_to_chunk([make_episode(5)], sampled_at_s=0.0))
     assert synced == [run_dir]  # the new worker-001.h5's name
     writer.close()
     synced.clear()
-    schema.rewrite_committed(os.path.join(run_dir, "worker-001.h5"))
+    commits.rewrite_committed(os.path.join(run_dir, "worker-001.h5"))
     manifest.write_manifest(run_dir, {"format": "rllib_recorder"})
     assert synced == [run_dir, run_dir]  # the rewrite's rename and the manifest's
 
 
 def test_files_are_created_with_the_users_umask_never_wider(tmp_path):
+    from rllib_recorder.format.datasets import StorageOptions
     from rllib_recorder.format.manifest import write_manifest
-    from rllib_recorder.format.schema import StorageOptions
     from rllib_recorder.format.spool import SegmentWriter
     from rllib_recorder.record.convert import episodes_to_chunk
     from rllib_recorder.record.outbox import Outbox

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rllib_recorder.config import RecorderConfig
-from rllib_recorder.format import schema
+from rllib_recorder.format import layout
 from rllib_recorder.format.manifest import place_files
 from rllib_recorder.service.pool import Binding, assign_writer
 
@@ -14,7 +14,7 @@ def binding(node_tags):
 
 
 def test_a_runner_spools_under_its_own_nodes_file_name_for_a_writer_there():
-    b = binding({"driver": "", "a": schema.node_tag(1)})
+    b = binding({"driver": "", "a": layout.node_tag(1)})
     assert b.stem_for("driver", 1, False) == "worker-001"
     assert b.stem_for("a", 3, True) == "eval-worker-003.node1"
     assert b.stem_for("unknown", 1, False) is None  # no writer there yet: the runner holds its samples
@@ -23,10 +23,10 @@ def test_a_runner_spools_under_its_own_nodes_file_name_for_a_writer_there():
 
 
 def test_file_names_carry_their_node_and_place_back_onto_it():
-    names = [schema.file_name(1), schema.file_name(1, tag=schema.node_tag(2)),
-             schema.file_name(3, True, schema.node_tag(1)), "worker-004.node7.h5"]
+    names = [layout.file_name(1), layout.file_name(1, tag=layout.node_tag(2)),
+             layout.file_name(3, True, layout.node_tag(1)), "worker-004.node7.h5"]
     assert names[:3] == ["worker-001.h5", "worker-001.node2.h5", "eval-worker-003.node1.h5"]
-    assert [schema.file_tag_of(n) for n in names] == ["", "node2", "node1", "node7"]
+    assert [layout.file_tag_of(n) for n in names] == ["", "node2", "node1", "node7"]
     nodes = {str(i): {"node_id": f"id{i}", "node_ip": "10.0.0.1", "hostname": f"h{i}"} for i in range(3)}
     placed = place_files(names, nodes)
     assert placed["worker-001.h5"] == {**nodes["0"], "node_index": 0}

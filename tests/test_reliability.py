@@ -219,7 +219,7 @@ def undamaged_run(recorded_cartpole, tmp_path_factory):
     """A run whose worker file has the same bytes in every test session (fixed rows, no compression), so the
     derandomized mutations below hit the same places each time: HDF5 can loop forever on some damaged files
     (docs/RELIABILITY.md, Not done), and a random recorded file made that a lottery."""
-    from rllib_recorder.format import schema
+    from rllib_recorder.format import datasets
     from rllib_recorder.record.convert import episodes_to_chunk
     from rllib_recorder.service.writer import RecordingWriter
     from tests.helpers import make_episode
@@ -230,7 +230,7 @@ def undamaged_run(recorded_cartpole, tmp_path_factory):
         if name.endswith(".h5"):
             os.remove(os.path.join(run_dir, name))
     run_id = json.load(open(os.path.join(run_dir, "manifest.json")))["run_id"]
-    writer = RecordingWriter(run_dir, run_id, schema.StorageOptions(compression="none"))
+    writer = RecordingWriter(run_dir, run_id, datasets.StorageOptions(compression="none"))
     for seq in range(12):
         episode = make_episode(20, t_started=20 * (seq % 3), eps_id=f"episode-{seq // 3:04d}", terminated=seq % 3 == 2)
         writer.append(1, False, b"d" * 32, seq, episodes_to_chunk([episode], sampled_at_s=1.0e9 + seq))

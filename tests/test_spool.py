@@ -302,8 +302,8 @@ def test_a_writer_actor_reads_the_spool_on_its_own_and_commits_in_time(ray_sessi
 
 
 def open_run_dir(run_dir):
+    from rllib_recorder.format.layout import SCHEMA_VERSION
     from rllib_recorder.format.manifest import write_manifest
-    from rllib_recorder.format.schema import SCHEMA_VERSION
 
     write_manifest(run_dir, {"format": "rllib_recorder", "schema_version": SCHEMA_VERSION, "status": "finished",
                              "run_id": "run-1"})

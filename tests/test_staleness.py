@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from rllib_recorder.format import schema
+from rllib_recorder.format import datasets
 from rllib_recorder.format.index import INDEX_NAME, read_index, rebuild_index
 from rllib_recorder.format.lag import chunk_learner_version, interval_rates, lag_summary, step_lags, stored_rates
 from rllib_recorder.format.manifest import write_manifest
@@ -51,7 +51,7 @@ def test_rates_from_the_batch_index_and_between_results():
 
 
 def test_writer_stores_the_learner_version_finished_before_the_sample(tmp_path):
-    writer = RecordingWriter(str(tmp_path), "run-1", schema.StorageOptions())
+    writer = RecordingWriter(str(tmp_path), "run-1", datasets.StorageOptions())
     writer.set_learner_version(0, at_s=100.0)
     writer.set_learner_version(1, at_s=200.0)
     writer.set_learner_version(1, at_s=250.0)  # a second learner reporting the same version

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 from rllib_recorder.errors import RecorderError, SchemaError
-from rllib_recorder.format import schema
+from rllib_recorder.format import commits, datasets, decode, layout
 from rllib_recorder.record.convert import episodes_to_chunk
 from rllib_recorder.service.writer import RecordingWriter
 from tests.helpers import image_episode, make_episode, stacked_frames
 
 
 def _writer(tmp_path, run_id="run-1"):
-    return RecordingWriter(str(tmp_path), run_id, schema.StorageOptions())
+    return RecordingWriter(str(tmp_path), run_id, datasets.StorageOptions())
 
 
 def test_append_writes_rows_fragments_and_batch_index(tmp_path):
@@ -27,7 +27,7 @@ def test_append_writes_rows_fragments_and_batch_index(tmp_path):
     assert stats["agent_steps"] == 5 and stats["chunks"] == 2
     assert stats["policy_lag_counts"] == {2: 3, 1: 2}
     with h5py.File(tmp_path / "worker-002.h5", "r") as h5:
-        assert h5.attrs["schema_version"] == schema.SCHEMA_VERSION and h5.attrs["worker_index"] == 2
+        assert h5.attrs["schema_version"] == layout.SCHEMA_VERSION and h5.attrs["worker_index"] == 2
         steps = h5["agents/default_agent/steps"]
         np.testing.assert_array_equal(steps["obs"][:, 0], [0, 1, 2, 3, 4])
         np.testing.assert_array_equal(steps["t"][()], [0, 1, 2, 3, 4])
@@ -124,7 +124,7 @@ def test_values_a_column_can_not_hold_widen_it_instead_of_being_cast(tmp_path):
         assert steps["rewards"].dtype == np.float64 and steps["rewards"][()].tolist() == [0, 1, 2, 0.5, -1e-9]
         obs = steps["obs"]
         assert obs.dtype == np.float64 and obs[()].tolist() == [[0, 0], [1, -1], [2, -2], [0.1, 0], [1e-40, -1]]
-        assert not [k for k in steps if k.endswith(schema.FLOAT_SUFFIX)]
+        assert not [k for k in steps if k.endswith(layout.FLOAT_SUFFIX)]
 
 
 def test_writer_refuses_pickling(tmp_path):
@@ -147,7 +147,7 @@ def test_nested_dict_tuple_observations_read_back_as_nested(tmp_path):
     writer = _writer(tmp_path)
     writer.append(1, False, b"x" * 32, 0, episodes_to_chunk([episode]))
     writer.close()
-    write_manifest(str(tmp_path), {"format": "rllib_recorder", "schema_version": schema.SCHEMA_VERSION})
+    write_manifest(str(tmp_path), {"format": "rllib_recorder", "schema_version": layout.SCHEMA_VERSION})
     with open_run(str(tmp_path)) as run:
         stored = run.episode("e")
     assert isinstance(stored.obs, dict) and isinstance(stored.obs["inv"], tuple)
@@ -172,7 +172,7 @@ def test_exact_float_frames_are_stored_as_uint8_and_read_back_bit_for_bit(tmp_pa
         # the FORMAT.md recipe: value = code * scale + offset, as float32
         decoded = obs[()].astype(np.float32) * np.float32(obs.attrs["scale"]) + np.float32(obs.attrs["offset"])
         assert np.array_equal(decoded, frames[:-1])
-    (tmp_path / "manifest.json").write_text(json.dumps({"format": "rllib_recorder", "schema_version": schema.SCHEMA_VERSION}))
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": "rllib_recorder", "schema_version": layout.SCHEMA_VERSION}))
     with open_run(str(tmp_path)) as run:
         stored = run.episode("img")
         assert stored.obs.dtype == np.float32 and np.array_equal(stored.obs, frames)  # incl. last_obs
@@ -193,7 +193,7 @@ def test_a_frame_that_is_not_exact_turns_the_column_back_into_float32_losslessly
         obs = h5["agents/default_agent/steps/obs"]
         assert obs.dtype == np.float32 and "encoding" not in obs.attrs
         assert np.array_equal(obs[()], np.concatenate([frames1[:-1], frames2[:-1]]))
-        assert not [k for k in h5["agents/default_agent/steps"] if k.endswith(schema.FLOAT_SUFFIX)]
+        assert not [k for k in h5["agents/default_agent/steps"] if k.endswith(layout.FLOAT_SUFFIX)]
 
 
 @pytest.mark.parametrize("sent", [("codes", "codes"), ("codes", "inexact", "codes"), ("inexact", "codes"),
@@ -201,7 +201,7 @@ def test_a_frame_that_is_not_exact_turns_the_column_back_into_float32_losslessly
 @pytest.mark.parametrize("writer_encodes", [True, False])
 def test_frames_the_runner_sends_as_uint8_codes_are_stored_losslessly_whatever_came_before(tmp_path, sent,
                                                                                              writer_encodes):
-    from rllib_recorder.record.convert import encode_images
+    from rllib_recorder.format.chunks import encode_images
 
     rng = np.random.default_rng(2)
     chunks, expected = [], []
@@ -223,7 +223,7 @@ def test_frames_the_runner_sends_as_uint8_codes_are_stored_losslessly_whatever_c
             chunk = encoded
         chunks.append(chunk)
         expected.append(frames)
-    writer = RecordingWriter(str(tmp_path), "run-1", schema.StorageOptions(encode_uint8=writer_encodes))
+    writer = RecordingWriter(str(tmp_path), "run-1", datasets.StorageOptions(encode_uint8=writer_encodes))
     for seq, chunk in enumerate(chunks):
         writer.append(1, False, b"s" * 32, seq, chunk)
     writer.close()
@@ -233,7 +233,7 @@ def test_frames_the_runner_sends_as_uint8_codes_are_stored_losslessly_whatever_c
         assert steps["obs"].dtype == (np.uint8 if stays_uint8 else np.float32)
         for column, want in ((steps["obs"], np.concatenate([f[:-1] for f in expected])),
                              (fragments["last_obs"], np.stack([f[-1] for f in expected]))):
-            got = schema.decode_uint8(column, column[()])
+            got = decode.decode_uint8(column, column[()])
             assert got.dtype == np.float32 and np.array_equal(got, want)  # bit for bit
 
 
@@ -246,7 +246,7 @@ def test_reopen_finishes_a_float_rewrite_cut_short_by_a_crash(tmp_path):
     path = tmp_path / "worker-001.h5"
     with h5py.File(path, "a") as h5:  # crash between deleting the uint8 column and renaming its float copy
         steps = h5["agents/default_agent/steps"]
-        steps.create_dataset("obs" + schema.FLOAT_SUFFIX, data=frames[:-1], maxshape=(None, 8, 8, 1))
+        steps.create_dataset("obs" + layout.FLOAT_SUFFIX, data=frames[:-1], maxshape=(None, 8, 8, 1))
         del steps["obs"]
     again = _writer(tmp_path)
     again.append(1, False, b"s" * 32, 1, episodes_to_chunk([image_episode(np.zeros((2, 8, 8, 1)), "b")[0]]))
@@ -269,7 +269,7 @@ def test_frame_stacks_are_stored_as_newest_frames_and_read_back_bit_for_bit_what
     from rllib_recorder.record.convert import ConvertOptions
 
     rng = np.random.default_rng(3)
-    writer = RecordingWriter(str(tmp_path), "run-1", schema.StorageOptions(stack_frames=writer_stacks))
+    writer = RecordingWriter(str(tmp_path), "run-1", datasets.StorageOptions(stack_frames=writer_stacks))
     expected, last, episodes = [], None, {}
     for seq, how in enumerate(sent):
         codes = stacked_frames(rng, 4 + seq, first=last)  # continues the episode of the chunk before
@@ -296,7 +296,7 @@ def test_frame_stacks_are_stored_as_newest_frames_and_read_back_bit_for_bit_what
         if stays_stacked:
             np.testing.assert_array_equal(obs[:, ..., 0], np.round((all_rows[..., -1] + 1) * 128))
             assert fragments["head_obs"].shape == (2 * len(sent), 6, 6, 3)
-            assert schema.row_shape(obs) == (6, 6, 4)
+            assert decode.row_shape(obs) == (6, 6, 4)
     f = WorkerFile(path)
     try:
         n = len(all_rows)
@@ -321,7 +321,7 @@ def test_frame_stacks_inside_a_dict_space_and_from_the_old_stack_are_stacked_by_
     from ray.rllib.policy.sample_batch import SampleBatch
 
     from rllib_recorder.read.reader import WorkerFile
-    from rllib_recorder.record.convert import batch_to_chunk
+    from rllib_recorder.record.batches import batch_to_chunk
 
     rng = np.random.default_rng(7)
     codes = stacked_frames(rng, 5)
@@ -367,7 +367,7 @@ def test_a_frame_stacked_column_without_its_head_frames_is_reported_in_one_line(
     from rllib_recorder.commands.info import verify_run
     from rllib_recorder.format.manifest import write_manifest
 
-    write_manifest(str(tmp_path), {"format": "rllib_recorder", "schema_version": schema.SCHEMA_VERSION,
+    write_manifest(str(tmp_path), {"format": "rllib_recorder", "schema_version": layout.SCHEMA_VERSION,
                                    "status": "finished"})
     assert verify_run(str(tmp_path)) == []
     with h5py.File(tmp_path / "worker-001.h5", "a") as h5:
@@ -426,7 +426,7 @@ def test_reopen_drops_the_head_frames_of_a_column_a_crash_left_as_full_stacks(tm
     path = tmp_path / "worker-001.h5"
     with h5py.File(path, "a") as h5:  # crash after the full-stack copy replaced the column, before its heads went
         steps = h5["agents/default_agent/steps"]
-        full = schema.read_rows(steps["obs"], slice(None), decode=False)
+        full = decode.read_rows(steps["obs"], slice(None), decode=False)
         attrs = {k: v for k, v in steps["obs"].attrs.items() if k != "frame_stack"}
         del steps["obs"]
         steps.create_dataset("obs", data=full, maxshape=(None, 6, 6, 4)).attrs.update(attrs)
@@ -472,7 +472,7 @@ def test_freed_space_is_never_reused_and_dead_space_is_compacted_away_without_lo
         obs = h5["agents/default_agent/steps/obs"][()]
         assert obs.shape == (first, 64) and json.loads(h5.attrs["commit"])["agents"]["default_agent"][0] == first
         np.testing.assert_array_equal(obs[:, 0], np.arange(first))
-        data = schema.chunk_bytes(h5)
+        data = commits.chunk_bytes(h5)
     assert mid_run >= 1 and stats["compacted_bytes"] > 0
     # Bounded while running (dead space <= data + slack, plus one append), small at the end.
     assert peak < 2 * data + slack + 2 * (64 << 10) * 12
@@ -524,18 +524,18 @@ def test_commits_overwrite_the_record_in_place_so_the_root_header_never_grows(tm
         writer.append(1, False, b"s" * 32, seq, episodes_to_chunk([make_episode(10 + 40 * seq, eps_id=f"e{seq}")]))
         h5 = writer._files[(1, False)]
         sizes.add(h5py.h5o.get_info(h5.id).hdr.space.total)
-        counts.append(schema.read_commit(h5)["agents"]["default_agent"][0])
+        counts.append(commits.read_commit(h5)["agents"]["default_agent"][0])
     writer.close()
     assert counts[-1] > 10_000 and len(sizes) == 1
     with h5py.File(tmp_path / "worker-001.h5", "r") as h5:
-        assert h5.attrs.get_id("commit").dtype == np.dtype(f"S{schema.COMMIT_BYTES}")
+        assert h5.attrs.get_id("commit").dtype == np.dtype(f"S{commits.COMMIT_BYTES}")
         assert json.loads(h5.attrs["commit"]) == {"batches": 24, "agents": {"default_agent": [counts[-1], 24]}}
 
 
 def test_a_commit_record_that_outgrows_its_attribute_is_recreated_larger_and_later_commits_fit_in_place(tmp_path):
     # The writer keeps the record and its attribute open between appends; one that outgrows the attribute (here
     # 60 agents' counts) is re-created at twice its size, and the next commits write the new one in place.
-    from rllib_recorder.record.convert import Chunk
+    from rllib_recorder.format.chunks import Chunk
 
     def chunk(agents, seq):
         stream = episodes_to_chunk([make_episode(3, eps_id=f"e{seq}")]).streams["default_agent"]
@@ -549,7 +549,7 @@ def test_a_commit_record_that_outgrows_its_attribute_is_recreated_larger_and_lat
     with h5py.File(tmp_path / "worker-001.h5", "r") as h5:
         commit = json.loads(h5.attrs["commit"])
         capacity = h5.attrs.get_id("commit").dtype.itemsize
-        assert capacity > schema.COMMIT_BYTES and len(json.dumps(commit)) < capacity
+        assert capacity > commits.COMMIT_BYTES and len(json.dumps(commit)) < capacity
         assert commit["batches"] == 3
         assert commit["agents"] == {f"agent_{i:02d}": [9, 3] if i < 5 else [6, 2] for i in range(60)}
         for i in (0, 4, 5, 59):
@@ -599,14 +599,14 @@ def test_columns_are_compressed_where_it_pays_and_read_back_value_by_value(tmp_p
         assert steps["rewards"].compression == "gzip"
         for table in (h5["batches"], frags):
             for name, column in table.items():
-                if column.dtype.itemsize < schema.INDEX_PLAIN_ROW_BYTES and column.ndim == 1:
-                    assert column.compression is None and column.chunks[0] <= schema.INDEX_CHUNK_ROWS, name
+                if column.dtype.itemsize < datasets.INDEX_PLAIN_ROW_BYTES and column.ndim == 1:
+                    assert column.compression is None and column.chunks[0] <= datasets.INDEX_CHUNK_ROWS, name
         np.testing.assert_array_equal(steps["obs"][()], obs[:-1])
         np.testing.assert_array_equal(frags["last_obs"][0], obs[-1])
         np.testing.assert_array_equal(steps["t"][()], np.arange(n))
     with h5py.File(tmp_path / "worker-002.h5", "r") as h5:
         column = h5["agents/default_agent/steps/obs"]
         assert column.compression == "gzip" and column.dtype == np.uint8
-        np.testing.assert_array_equal(schema.decode_uint8(column, column[()]), values[:-1])
+        np.testing.assert_array_equal(decode.decode_uint8(column, column[()]), values[:-1])
         last = h5["agents/default_agent/fragments/last_obs"]
         assert last.compression == "gzip"  # a row of 84x84x4 bytes: compressed like a step column

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import numpy as np
 
 from rllib_recorder.errors import SchemaError
-from rllib_recorder.format import liveness, schema
+from rllib_recorder.format import codecs, h5file, layout, liveness
 from rllib_recorder.format.lag import count_lags, lag_summary, stored_rates
 from rllib_recorder.read import accounting
 from rllib_recorder.read.reader import open_run
@@ -26,7 +26,7 @@ def summarize(run_dir: str) -> dict[str, Any]:
         returns, episodes, steps = [], 0, 0
         lags: Counter[int] = Counter()
         for f in run.files:
-            with schema.damaged_file_errors(f.path):
+            with h5file.damaged_file_errors(f.path):
                 file_steps, file_episodes, file_returns = _file_summary(f)
                 if not f.is_evaluation:
                     for agent in f.agents:
@@ -166,7 +166,7 @@ def verify_report(run_dir: str, progress: Callable[[int], None] | None = None) -
         problems += _missing_files(run)
         stored = 0
         for f in run.files:
-            with schema.damaged_file_errors(f.path):
+            with h5file.damaged_file_errors(f.path):
                 problems += [f"{os.path.basename(f.path)}: {p}" for p in _verify_file(f)]
                 stored += int(f.batches()["env_steps"].sum()) if f.commit["batches"] else 0
             if progress is not None:
@@ -197,7 +197,7 @@ def _verify_file(f: Any) -> list[str]:
     if commit["batches"] and len(batches["seq"]) != commit["batches"]:
         problems.append(f"batch index has {len(batches['seq'])} rows, commit says {commit['batches']}")
     for sender in set(batches.get("sender_id", np.array([])).tolist()):
-        # 2.1 numbers samples: a batch row commits seq .. seq + num_samples - 1 (as schema.committed_upto reads);
+        # 2.1 numbers samples: a batch row commits seq .. seq + num_samples - 1 (as commits.committed_upto reads);
         # earlier files (no sender counter columns) number their chunks
         mine = batches["sender_id"] == sender
         per_sample = "sender_env_steps_sampled" in batches and "num_samples" in batches
@@ -227,8 +227,8 @@ def _stack_problems(f: Any, agent: str, num_fragments: int) -> list[str]:
     steps, fragments = f.h5[f"agents/{agent}/steps"], f.h5[f"agents/{agent}/fragments"]
     problems = []
     for path in f.column_paths(agent):
-        head = schema.HEAD_PREFIX + path
-        if schema.FRAME_STACK_ATTR in steps[path].attrs and (head not in fragments
+        head = codecs.HEAD_PREFIX + path
+        if layout.FRAME_STACK_ATTR in steps[path].attrs and (head not in fragments
                                                              or len(fragments[head]) < num_fragments):
             problems.append(f"{agent}: steps/{path} stores frame stacks as newest frames, but fragments/{head} is "
                             "missing or short, so its stacks can't be rebuilt")

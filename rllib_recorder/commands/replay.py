@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 
 from rllib_recorder.errors import ReplayError
-from rllib_recorder.format import schema
+from rllib_recorder.format import decode
 from rllib_recorder.read.convert import unbatch
 from rllib_recorder.read.reader import Batch, Episode, Run
 from rllib_recorder.record import envstate
@@ -195,7 +195,7 @@ def check_spaces(run: Run, make_env: Callable[[], Any], env_name: str) -> None:
                     continue
                 space = env.observation_space
                 stored_dtype = np.dtype(np.float32) if stored.attrs.get("encoding") == "affine_uint8" else stored.dtype
-                recorded = schema.row_shape(stored)
+                recorded = decode.row_shape(stored)
                 if recorded != tuple(space.shape or ()) or stored_dtype != space.dtype:
                     raise ReplayError(
                         f"env {env_name} does not match the recorded spaces: it observes {space.dtype}"

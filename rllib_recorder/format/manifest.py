@@ -223,7 +223,7 @@ def _what(value: Any) -> str:
 def place_files(names: list[str], writer_nodes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """file name -> the node that wrote it (node_id, node_ip, hostname, node_index), read from the node tag
     in its name and the manifest's ``writer_nodes``; {} for a file of an unknown node."""
-    from rllib_recorder.format.schema import file_tag_of, node_tag
+    from rllib_recorder.format.layout import file_tag_of, node_tag
 
     index_of = {node_tag(int(i)): i for i in writer_nodes}
     placed = {}

@@ -35,7 +35,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from rllib_recorder.errors import ConversionError, SchemaError
-from rllib_recorder.record.convert import Chunk, Stream
+from rllib_recorder.format.chunks import Chunk, Stream
 
 SPOOL_DIR = ".spool"
 SEGMENT_SUFFIX = ".spool"

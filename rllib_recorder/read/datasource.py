@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from ray.data import Datasource
 
-from rllib_recorder.format import schema
+from rllib_recorder.format import decode
 
 if TYPE_CHECKING:
     from rllib_recorder.read.reader import Run
@@ -39,7 +39,7 @@ class RecordedStepsDatasource(Datasource):
             for agent in f.agents:
                 total = f.num_rows(agent)
                 steps = f.h5[f"agents/{agent}/steps"]
-                row_bytes = sum(int(np.prod(schema.row_shape(steps[p]), dtype=np.int64)) * steps[p].dtype.itemsize
+                row_bytes = sum(int(np.prod(decode.row_shape(steps[p]), dtype=np.int64)) * steps[p].dtype.itemsize
                                 for p in f.column_paths(agent))
                 for start in range(0, total, rows_per_task):
                     self.ranges.append((f.path, agent, start, min(total, start + rows_per_task), row_bytes))

@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 
 from rllib_recorder.errors import SchemaError
-from rllib_recorder.format import schema
+from rllib_recorder.format import commits, decode, h5file, layout
 from rllib_recorder.format.lag import rows_learner_version, step_lags
 from rllib_recorder.format.manifest import read_manifest
 from rllib_recorder.read import probe
@@ -103,15 +103,15 @@ class WorkerFile:
         if self._h5 is None:
             probe.ensure_readable([self.path])
             try:
-                self._h5 = schema.open_h5(self.path, "r")
+                self._h5 = h5file.open_h5(self.path, "r")
             except OSError as e:
                 fix = ("it was cut short after it was written (an interrupted copy?), which recover cannot mend: "
                        "copy it again, or move it out of the run directory" if "truncated file" in str(e)
                        else "run 'rllib-recorder recover'")
                 raise SchemaError(f"{self.path} is not a readable HDF5 file ({e}); {fix}") from None
             try:
-                with schema.damaged_file_errors(self.path):
-                    schema.validate_header(self._h5, self.path)
+                with h5file.damaged_file_errors(self.path):
+                    h5file.validate_header(self._h5, self.path)
             except SchemaError:
                 self.close()
                 raise
@@ -132,22 +132,22 @@ class WorkerFile:
 
     @property
     def worker_index(self) -> int:
-        with schema.damaged_file_errors(self.path):
+        with h5file.damaged_file_errors(self.path):
             return int(self.h5.attrs["worker_index"])
 
     @property
     def is_evaluation(self) -> bool:
-        with schema.damaged_file_errors(self.path):
+        with h5file.damaged_file_errors(self.path):
             return bool(self.h5.attrs["is_evaluation"])
 
     @property
     def commit(self) -> dict[str, Any]:
-        with schema.damaged_file_errors(self.path):
-            return schema.read_commit(self.h5)
+        with h5file.damaged_file_errors(self.path):
+            return commits.read_commit(self.h5)
 
     @property
     def agents(self) -> list[str]:
-        with schema.damaged_file_errors(self.path):
+        with h5file.damaged_file_errors(self.path):
             return sorted(self._node("agents").keys())
 
     def _batches(self) -> dict[str, np.ndarray]:
@@ -175,7 +175,7 @@ class WorkerFile:
 
     def batches_in_order(self) -> Iterator[Batch]:
         """The stored chunks in the order they were stored, each with its step rows (read lazily, chunk by chunk)."""
-        with schema.damaged_file_errors(self.path):
+        with h5file.damaged_file_errors(self.path):
             yield from self._batches_in_order()
 
     def _batches_in_order(self) -> Iterator[Batch]:
@@ -197,7 +197,7 @@ class WorkerFile:
 
     def learner_versions(self, agent: str) -> np.ndarray:
         """Per step row of ``agent``: the learner's version stored with the row's chunk (-1: unknown)."""
-        with schema.damaged_file_errors(self.path):
+        with h5file.damaged_file_errors(self.path):
             batches = self._batches()
             if "learner_version" not in batches:
                 return np.full(self.num_rows(agent), -1, np.int64)
@@ -218,7 +218,7 @@ class WorkerFile:
     def episode_ids(self, agent: str | None = None) -> list[str]:
         agents = [agent] if agent else self.agents
         seen: dict[str, None] = {}
-        with schema.damaged_file_errors(self.path):
+        with h5file.damaged_file_errors(self.path):
             for a in agents:
                 for eps in self.fragments(a)["eps_id"].tolist():
                     seen.setdefault(eps.decode(), None)
@@ -265,19 +265,19 @@ class WorkerFile:
 
     def batches(self) -> dict[str, np.ndarray]:
         """The batch index: one row per stored chunk."""
-        with schema.damaged_file_errors(self.path):
+        with h5file.damaged_file_errors(self.path):
             return self._batches()
 
     def fragments(self, agent: str) -> dict[str, np.ndarray]:
         """The episode index of ``agent`` (scalar columns; one row per fragment)."""
-        with schema.damaged_file_errors(self.path):
+        with h5file.damaged_file_errors(self.path):
             return self._fragments(agent)
 
     def episode(self, eps_id: str, agent: str) -> Episode:
         """One agent's episode, read through the episode index (no scan of step data)."""
         if eps_id.encode() not in self.fragments(agent)["eps_id"]:
             raise KeyError(f"episode {eps_id!r} of agent {agent!r} is not in {self.path}")
-        with schema.damaged_file_errors(self.path):
+        with h5file.damaged_file_errors(self.path):
             return self._episode(eps_id, agent)
 
     def close(self) -> None:
@@ -302,7 +302,7 @@ class Run:
             raise SchemaError(f"{path} is not a directory; pass the run directory (it holds manifest.json)")
         self.path = path
         self.manifest = read_manifest(path)
-        schema.check_version(self.manifest.get("schema_version"), os.path.join(path, "manifest.json"))
+        layout.check_version(self.manifest.get("schema_version"), os.path.join(path, "manifest.json"))
         self.files = [WorkerFile(p) for p in sorted(glob.glob(os.path.join(path, "*.h5")))]
         probe.ensure_readable(f.path for f in self.files)  # one child for all files
 
@@ -396,7 +396,7 @@ def open_run(path: str) -> Run:
 
 def _read(node: Any, rows: slice) -> Any:
     if isinstance(node, h5py.Dataset):
-        return schema.read_rows(node, rows)
+        return decode.read_rows(node, rows)
     kind = node.attrs.get("container", "dict")
     if kind == "tuple":
         return tuple(_read(node[str(i)], rows) for i in range(len(node)))

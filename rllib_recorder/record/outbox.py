@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from rllib_recorder.errors import ConversionError
+from rllib_recorder.format.chunks import Chunk, encode_images
 from rllib_recorder.format.spool import KIND_CHUNK, KIND_END, KIND_STATS, SegmentWriter, encode_record
 from rllib_recorder.read.accounting import not_stored_by_sender
-from rllib_recorder.record.convert import Chunk, encode_images
 
 logger = logging.getLogger(__name__)
 

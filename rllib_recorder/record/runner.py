@@ -10,8 +10,10 @@ import weakref
 from collections import Counter
 from typing import Any
 
+from rllib_recorder.format.chunks import Chunk
 from rllib_recorder.format.spool import SPOOL_DIR, SegmentWriter
-from rllib_recorder.record.convert import START_STATE_KEY, Chunk, ConvertOptions, batch_to_chunk, episodes_to_chunk
+from rllib_recorder.record.batches import batch_to_chunk
+from rllib_recorder.record.convert import START_STATE_KEY, ConvertOptions, episodes_to_chunk
 from rllib_recorder.record.envstate import plan_of, sub_envs
 from rllib_recorder.record.outbox import Outbox, heartbeat_age_s
 from rllib_recorder.service.ingest import HEARTBEAT_NAME

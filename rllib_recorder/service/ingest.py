@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from rllib_recorder.errors import SchemaError, WriterError
+from rllib_recorder.format.chunks import Chunk, merge_chunks
 from rllib_recorder.format.liveness import HEARTBEAT_NAME, heartbeat_owner
 from rllib_recorder.format.spool import (
     KIND_CHUNK,
@@ -30,7 +31,6 @@ from rllib_recorder.format.spool import (
     segments_of,
     sender_dirs,
 )
-from rllib_recorder.record.convert import Chunk, merge_chunks
 
 logger = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rllib_recorder.config import RecorderConfig
-from rllib_recorder.format import schema
+from rllib_recorder.format import datasets, layout
+from rllib_recorder.format.chunks import Chunk
 from rllib_recorder.format.manifest import place_files
 from rllib_recorder.format.spool import parse_stem
-from rllib_recorder.record.convert import Chunk
 from rllib_recorder.service.ingest import Ingest
 from rllib_recorder.service.writer import RecordingWriter
 
@@ -53,8 +53,8 @@ def assign_writer(worker_index: int, is_evaluation: bool, num_writers: int) -> i
     return (max(worker_index - 1, 0) + offset) % num_writers
 
 
-def storage_options(config: RecorderConfig) -> schema.StorageOptions:
-    return schema.StorageOptions(
+def storage_options(config: RecorderConfig) -> datasets.StorageOptions:
+    return datasets.StorageOptions(
         compression=config.compression, compression_level=config.compression_level,
         hdf5_chunk_bytes=config.hdf5_chunk_bytes, fsync=config.fsync, encode_uint8=config.encode_uint8,
         stack_frames=config.stack_frames,
@@ -81,7 +81,7 @@ class Binding:
         tag = self.node_tags.get(node_id)
         if tag is None:
             return None
-        return schema.file_name(worker_index, is_evaluation, tag)[: -len(".h5")]
+        return layout.file_name(worker_index, is_evaluation, tag)[: -len(".h5")]
 
 
 class WriterPool:
@@ -128,12 +128,12 @@ class WriterPool:
                     max_task_retries=0, max_concurrency=1,
                     # soft only for a node already gone: its runners are gone too
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=node_id not in alive),
-                ).remote(self.run_dir, self.run_id, self.config, schema.node_tag(index), i))
+                ).remote(self.run_dir, self.run_id, self.config, layout.node_tag(index), i))
         return True
 
     def node_tags(self) -> dict[str, str]:
         """node id -> the tag of the files written on that node."""
-        return {node_id: schema.node_tag(index) for node_id, index in self.node_index.items()}
+        return {node_id: layout.node_tag(index) for node_id, index in self.node_index.items()}
 
     def node_writers(self) -> dict[str, tuple[str, ...]]:
         """node id -> writer names on it, the driver's node first."""

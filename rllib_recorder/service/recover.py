@@ -7,7 +7,7 @@ import os
 from typing import Any, Callable
 
 from rllib_recorder.errors import SchemaError
-from rllib_recorder.format import durable, schema
+from rllib_recorder.format import commits, durable, h5file, layout
 from rllib_recorder.format import repair as h5repair
 from rllib_recorder.format.liveness import recording_now
 from rllib_recorder.format.manifest import now_iso, place_files, read_manifest, write_manifest
@@ -89,7 +89,7 @@ def recover_run(run_dir: str, progress: Callable[[int], None] | None = None) -> 
     if not os.path.isdir(run_dir):
         raise SchemaError(f"{run_dir} is not a directory; pass the run directory (it holds manifest.json)")
     manifest = read_manifest(run_dir)
-    schema.check_version(manifest.get("schema_version"), os.path.join(run_dir, "manifest.json"))
+    layout.check_version(manifest.get("schema_version"), os.path.join(run_dir, "manifest.json"))
     live = recording_now(run_dir, manifest)
     if live is not None:
         raise SchemaError(f"{run_dir} is recording ({live}); recover only a run whose driver has died: let it "
@@ -149,23 +149,23 @@ def _totals(manifest: dict[str, Any], committed: list[dict[str, Any]], env_steps
 
 def recover_file(path: str, rewrite: bool = True) -> dict[str, Any]:
     """Recovers one worker file (see ``recover_run``); returns its committed counts and drops."""
-    with schema.damaged_file_errors(path, "recover cannot mend this damage: move the file out of the run "
+    with h5file.damaged_file_errors(path, "recover cannot mend this damage: move the file out of the run "
                                     "directory to recover and read the rest of the run"):
         h5repair.extend_eoa_to_eof(path)  # a killed writer's last chunks may lie past the recorded EOA
         probe.ensure_readable([path])  # HDF5 may loop or crash on damage; find out in a child first
-        with schema.open_h5(path, "r") as h5:
+        with h5file.open_h5(path, "r") as h5:
             if "format" not in h5.attrs or "commit" not in h5.attrs:
                 empty = True
             else:
                 empty = False
-                schema.validate_header(h5, path)
-                dirty = schema.uncommitted_rows(h5)
+                h5file.validate_header(h5, path)
+                dirty = commits.uncommitted_rows(h5)
         if empty:
             durable.replace(path, f"{path}.empty")
             return {"renamed_to": os.path.basename(path) + ".empty", "env_steps": 0}
-        dropped = schema.rewrite_committed(path) if rewrite or dirty else {}
-        with schema.open_h5(path, "r") as h5:
-            commit = schema.read_commit(h5)
+        dropped = commits.rewrite_committed(path) if rewrite or dirty else {}
+        with h5file.open_h5(path, "r") as h5:
+            commit = commits.read_commit(h5)
             steps = int(h5["batches/env_steps"][: commit["batches"]].sum()) if commit["batches"] else 0
     return {"batches": commit["batches"], "env_steps": steps,
             "rows_dropped": sum(dropped.values()), "columns_cut": sorted(dropped)}

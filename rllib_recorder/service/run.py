@@ -516,6 +516,6 @@ def _jsonable(value: Any) -> Any:
 
 
 def _schema_version() -> str:
-    from rllib_recorder.format.schema import SCHEMA_VERSION
+    from rllib_recorder.format.layout import SCHEMA_VERSION
 
     return SCHEMA_VERSION

@@ -16,9 +16,9 @@ from typing import Any
 import h5py
 
 from rllib_recorder.errors import RecorderError, WriterError
-from rllib_recorder.format import durable, schema
+from rllib_recorder.format import append, commits, datasets, durable, layout
+from rllib_recorder.format.chunks import Chunk
 from rllib_recorder.format.lag import chunk_learner_version, count_lags, step_lags
-from rllib_recorder.record.convert import Chunk
 
 logger = logging.getLogger(__name__)
 # Learner versions kept for look-ups (APPO reports many per second); the older half goes when full.
@@ -35,7 +35,7 @@ class RecordingWriter:
     # Dead space tolerated beyond the data before a file is compacted mid-run.
     compact_slack_bytes = 8 << 20
 
-    def __init__(self, run_dir: str, run_id: str, storage: schema.StorageOptions, file_tag: str = "") -> None:
+    def __init__(self, run_dir: str, run_id: str, storage: datasets.StorageOptions, file_tag: str = "") -> None:
         self.run_dir = run_dir
         self.run_id = run_id
         self.storage = storage
@@ -43,7 +43,7 @@ class RecordingWriter:
         # (wall time, learner version) as reported by the learners, oldest first, versions increasing.
         self._versions: list[tuple[float, int]] = []
         self._files: dict[tuple[int, bool], h5py.File] = {}
-        self._columns: dict[tuple[int, bool], schema.OpenColumns] = {}
+        self._columns: dict[tuple[int, bool], datasets.OpenColumns] = {}
         self._paths: set[str] = set()
         self._rebuilt: set[tuple[int, bool]] = set()
         # per file, per sender id: the first seq not yet committed (seqs number a sender's samples, in order)
@@ -52,7 +52,7 @@ class RecordingWriter:
         self._lag: Counter[int] = Counter()
         self._totals = Counter()
         self._last_error: str | None = None
-        # Dead space: files never reuse freed space while open (crash safety, see schema.StorageOptions),
+        # Dead space: files never reuse freed space while open (crash safety, see datasets.StorageOptions),
         # so a file is compacted when its dead space outgrows its data. Data = chunk storage + heap bytes.
         self._heap: Counter[tuple[int, bool]] = Counter()
         self._next_check: dict[tuple[int, bool], int] = {}
@@ -75,7 +75,7 @@ class RecordingWriter:
         try:
             h5 = self._file(key)
         except BaseException as e:  # e.g. repairing a file on a full disk
-            path = os.path.join(self.run_dir, schema.file_name(worker_index, is_evaluation, self.file_tag))
+            path = os.path.join(self.run_dir, layout.file_name(worker_index, is_evaluation, self.file_tag))
             raise self._error(e, path) from e
         if seq < self._committed[key].get(sender_id, 0):
             self._totals["duplicate_chunks"] += 1
@@ -83,7 +83,7 @@ class RecordingWriter:
         start = time.perf_counter()
         learner_version = chunk_learner_version(self.learner_version_at(chunk.sampled_at_s), chunk.policy_versions)
         try:
-            schema.append_chunk(
+            append.append_chunk(
                 h5, chunk, sender_id=sender_id, seq=seq, learner_version=learner_version,
                 options=self.storage, columns=self._columns[key], sender_stats=sender_stats,
             )
@@ -97,7 +97,7 @@ class RecordingWriter:
             self._close_file(key)
             raise self._error(e, path) from e
         self._committed[key][sender_id] = seq + chunk.num_samples
-        self._heap[key] += schema.heap_bytes(chunk)
+        self._heap[key] += commits.heap_bytes(chunk)
         self._maybe_compact(key)
         self._account(chunk, time.perf_counter() - start, learner_version)
         return {"seq": seq, "duplicate": False, "rows": chunk.agent_steps}
@@ -107,7 +107,7 @@ class RecordingWriter:
         try:
             self._file(key)
         except BaseException as e:
-            raise self._error(e, os.path.join(self.run_dir, schema.file_name(*key, self.file_tag))) from e
+            raise self._error(e, os.path.join(self.run_dir, layout.file_name(*key, self.file_tag))) from e
 
     def committed_upto(self, key: tuple[int, bool], sender_id: bytes) -> int:
         """The first seq of ``sender_id`` that the file of ``key`` does not commit yet (0: none committed)."""
@@ -126,7 +126,7 @@ class RecordingWriter:
 
     def report(self, worker_index: int, is_evaluation: bool, sender_stats: dict[str, Any]) -> None:
         """Takes the counters of an env-runner process incarnation (a sender), as carried by its spool records."""
-        stem = schema.file_name(worker_index, is_evaluation, self.file_tag)[: -len(".h5")]
+        stem = layout.file_name(worker_index, is_evaluation, self.file_tag)[: -len(".h5")]
         self._sender_stats[f"{stem}/{sender_stats.get('sender_id', '')}"] = sender_stats
 
     def set_learner_version(self, version: int, at_s: float | None = None) -> None:
@@ -163,7 +163,7 @@ class RecordingWriter:
             "policy_lag_counts": dict(self._lag),
             "runners": dict(self._sender_stats),
             "last_error": self._last_error,
-            "senders": {schema.file_name(*k, self.file_tag): len(c) for k, c in self._committed.items()},
+            "senders": {layout.file_name(*k, self.file_tag): len(c) for k, c in self._committed.items()},
         }
 
     def close(self) -> dict[str, Any]:
@@ -183,7 +183,7 @@ class RecordingWriter:
         return self.stats()
 
     def _data_bytes(self, key: tuple[int, bool], h5: h5py.File) -> int:
-        return schema.chunk_bytes(h5) + self._heap[key]
+        return commits.chunk_bytes(h5) + self._heap[key]
 
     def _maybe_compact(self, key: tuple[int, bool]) -> None:
         """Compacts the file of ``key`` once its dead space outgrows its data; never raises."""
@@ -193,7 +193,7 @@ class RecordingWriter:
             return
         try:
             data = self._data_bytes(key, h5)
-            if schema.should_compact(size, data, self.compact_slack_bytes):
+            if commits.should_compact(size, data, self.compact_slack_bytes):
                 path = h5.filename
                 self._close_file(key)
                 self._compact_closed(path)
@@ -202,7 +202,7 @@ class RecordingWriter:
             self._next_check[key] = 2 * data + self.compact_slack_bytes
         except Exception as e:  # the chunk is committed: its acknowledgement must not fail
             logger.warning("rllib_recorder: could not reopen %s after compacting it (%s: %s); the next "
-                           "append reopens it", schema.file_name(*key, self.file_tag), type(e).__name__, e)
+                           "append reopens it", layout.file_name(*key, self.file_tag), type(e).__name__, e)
             self._files.pop(key, None)
             self._columns.pop(key, None)
 
@@ -210,8 +210,8 @@ class RecordingWriter:
         """Compacts a closed file; a failure (e.g. a full disk) leaves it as it was, and is only counted."""
         start = time.perf_counter()
         try:
-            saved = schema.compact(path)
-        except Exception as e:  # schema.compact removed its temporary copy
+            saved = commits.compact(path)
+        except Exception as e:  # commits.compact removed its temporary copy
             self._totals["compact_errors"] += 1
             logger.warning("rllib_recorder: compacting %s failed (%s: %s); the file is intact, only larger",
                            path, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
@@ -223,9 +223,9 @@ class RecordingWriter:
     def _file(self, key: tuple[int, bool]) -> h5py.File:
         if key not in self._files:
             worker_index, is_evaluation = key
-            path = os.path.join(self.run_dir, schema.file_name(worker_index, is_evaluation, self.file_tag))
+            path = os.path.join(self.run_dir, layout.file_name(worker_index, is_evaluation, self.file_tag))
             created = not os.path.exists(path)
-            h5 = schema.open_for_append(path, {
+            h5 = append.open_for_append(path, {
                 "run_id": self.run_id, "worker_index": worker_index, "is_evaluation": is_evaluation,
             }, self.storage.file_space)
             owner = h5.attrs.get("run_id")
@@ -239,14 +239,14 @@ class RecordingWriter:
                 h5.flush()
                 durable.fsync_dir(self.run_dir)
             self._files[key] = h5
-            self._columns[key] = schema.OpenColumns(h5)
+            self._columns[key] = datasets.OpenColumns(h5)
             # Whatever the file holds when opened counts as data (a conservative start).
-            self._heap[key] = max(0, _path_size(path) - schema.chunk_bytes(h5))
+            self._heap[key] = max(0, _path_size(path) - commits.chunk_bytes(h5))
             self._paths.add(os.path.relpath(path, self.run_dir))
-            self._committed[key] = schema.committed_upto(h5)
+            self._committed[key] = commits.committed_upto(h5)
             if key not in self._rebuilt:  # totals survive a writer restart: what the file holds counts
                 self._rebuilt.add(key)
-                self._totals.update(schema.committed_totals(h5))
+                self._totals.update(commits.committed_totals(h5))
         return self._files[key]
 
     def _close_file(self, key: tuple[int, bool]) -> None:

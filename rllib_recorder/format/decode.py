@@ -1,0 +1,62 @@
+"""Reading stored rows back as recorded: uint8 codes decoded, frame stacks rebuilt from their newest frames."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+
+from rllib_recorder.errors import SchemaError
+from rllib_recorder.format.codecs import (
+    HEAD_PREFIX,
+    decode_codes,
+    unstack_frames,
+)
+from rllib_recorder.format.layout import ENCODING_ATTRS, FRAME_STACK_ATTR
+
+
+def row_shape(dataset: h5py.Dataset) -> tuple[int, ...]:
+    """The shape of one row as recorded (a frame-stacked column stores one frame of each row's stack)."""
+    stack = dataset.attrs.get(FRAME_STACK_ATTR)
+    return tuple(dataset.shape[1:]) if stack is None else tuple(dataset.shape[1:-1]) + (int(stack),)
+
+
+def read_rows(dataset: h5py.Dataset, rows: slice, decode: bool = True) -> np.ndarray:
+    """Rows of a column as recorded: ``affine_uint8`` codes decoded to float32 (unless ``decode`` is False), the
+    frame stacks of a frame-stacked step column rebuilt from its newest frames and its fragments' head frames."""
+    stack = dataset.attrs.get(FRAME_STACK_ATTR)
+    if stack is None:
+        values = dataset[rows]
+        return decode_uint8(dataset, values) if decode else values
+    start, stop, step = rows.indices(dataset.shape[0])
+    if step != 1:
+        raise ValueError(f"frame-stacked column {dataset.name} reads contiguous rows only (got step {step})")
+    agent, _, path = dataset.name.partition("/steps/")
+    head_path, firsts_path = f"{agent}/fragments/{HEAD_PREFIX}{path}", f"{agent}/fragments/first_row"
+    if head_path not in dataset.file or firsts_path not in dataset.file:
+        raise SchemaError(f"{dataset.file.filename}: {dataset.name} stores frame stacks as newest frames, but "
+                          f"{head_path} or {firsts_path} is missing, so its stacks can't be rebuilt; the file is "
+                          "damaged: move it out of the run directory to read the rest of the run")
+    heads, firsts = dataset.file[head_path], dataset.file[firsts_path]
+    stop = max(start, stop)
+    first_rows = firsts[:]
+    lo = max(int(np.searchsorted(first_rows, start, "right")) - 1, 0)
+    hi = max(int(np.searchsorted(first_rows, stop, "left")), lo + 1)
+    newest_start = max(start - int(stack) + 1, int(first_rows[lo]) if len(first_rows) else 0)
+    newest, head_frames = dataset[newest_start:stop], heads[lo:hi]
+    if decode:
+        newest, head_frames = decode_uint8(dataset, newest), decode_uint8(heads, head_frames)
+    elif not same_encoding(dataset, heads):
+        raise SchemaError(f"{dataset.name} and its head frames are stored in different encodings; read them decoded")
+    return unstack_frames(newest, newest_start, head_frames, first_rows[lo:hi], start, stop)
+
+
+def same_encoding(a: h5py.Dataset, b: h5py.Dataset) -> bool:
+    """Whether two columns store their values alike (both as they are, or both as codes of one grid)."""
+    return a.dtype == b.dtype and all(a.attrs.get(k) == b.attrs.get(k) for k in ENCODING_ATTRS)
+
+
+def decode_uint8(dataset: h5py.Dataset, values: np.ndarray) -> np.ndarray:
+    """Float32 values of an ``affine_uint8`` column's codes (anything else is returned as is)."""
+    if dataset.attrs.get("encoding") != "affine_uint8":
+        return values
+    return decode_codes(values, dataset.attrs["scale"], dataset.attrs["offset"])
