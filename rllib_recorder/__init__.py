@@ -7,6 +7,7 @@ from rllib_recorder.errors import (  # noqa: E402
     ConfigError,
     ConversionError,
     ExportError,
+    GatherError,
     OutputDirError,
     RecorderError,
     ReplayError,
@@ -24,6 +25,7 @@ __all__ = [
     "SchemaError",
     "ReplayError",
     "ExportError",
+    "GatherError",
     "WriterError",
     "open_run",
     "__version__",
@@ -37,7 +39,7 @@ def __getattr__(name: str):
 
         return RecorderCallback
     if name == "open_run":
-        from rllib_recorder.read.reader import open_run
+        from rllib_recorder.read.run import open_run
 
         return open_run
     raise AttributeError(f"module 'rllib_recorder' has no attribute {name!r}")

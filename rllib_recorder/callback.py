@@ -9,7 +9,7 @@ from ray.rllib.callbacks.callbacks import RLlibCallback
 
 from rllib_recorder.config import RecorderConfig
 from rllib_recorder.record.runner import StartStates, recorder_for
-from rllib_recorder.service.run import RunRecorder, record_sample
+from rllib_recorder.service.run import AlgorithmRecorder
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class RecorderCallback(RLlibCallback):
 
     def __init__(self) -> None:
         super().__init__()
-        self._run: RunRecorder | None = None
+        self._run: AlgorithmRecorder | None = None
         self._logged: set[str] = set()
         self._start_states = StartStates()
 
@@ -81,12 +81,12 @@ class RecorderCallback(RLlibCallback):
         return type(cls.__name__, (cls,), {"recorder_config": config, "__module__": cls.__module__})
 
     @property
-    def run(self) -> RunRecorder | None:
+    def run(self) -> AlgorithmRecorder | None:
         """The driver-side recording (None inside env runners)."""
         return self._run
 
     def on_algorithm_init(self, *, algorithm: Any, **kwargs: Any) -> None:
-        self._run = RunRecorder(algorithm, self.recorder_config)
+        self._run = AlgorithmRecorder(algorithm, self.recorder_config)
 
     def on_episode_start(self, *, episode: Any, env_runner: Any = None, env: Any = None, env_index: int = 0,
                          **kwargs: Any) -> None:
@@ -101,7 +101,7 @@ class RecorderCallback(RLlibCallback):
     def on_sample_end(self, *, samples: Any, env_runner: Any = None, worker: Any = None, **kwargs: Any) -> None:
         runner = env_runner if env_runner is not None else worker
         try:
-            record_sample(runner, samples)
+            recorder_for(runner).record(samples, runner)
         except Exception as e:  # the one place exceptions are caught: never crash the runner
             self._count(runner, "sample", e)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from rllib_recorder.commands.terminal import count_files, is_terminal, progress_bar
 from rllib_recorder.errors import RecorderError
 
 
@@ -40,7 +41,8 @@ def train(experiment: str, stop_iters: int | None, stop_timesteps: int | None, o
     """
     import time
 
-    from rllib_recorder.commands.experiment import build_config, describe, load_experiment, run_experiment
+    from rllib_recorder.commands.experiment import load_experiment
+    from rllib_recorder.commands.train import build_config, describe, run_experiment
 
     started = time.monotonic()
     try:
@@ -50,7 +52,7 @@ def train(experiment: str, stop_iters: int | None, stop_timesteps: int | None, o
         from rllib_recorder.commands.progress import TrainProgress, next_commands, run_summary
 
         click.echo(describe(spec))
-        progress = TrainProgress(spec.stop, live=not verbose and _terminal(), echo=click.echo)
+        progress = TrainProgress(spec.stop, live=not verbose and is_terminal(), echo=click.echo)
         with progress:
             run_dirs = run_experiment(spec, num_cpus=num_cpus, echo=None, verbose=verbose,
                                       callbacks=None if verbose else [progress], config=config)
@@ -65,10 +67,6 @@ def train(experiment: str, stop_iters: int | None, stop_timesteps: int | None, o
             click.echo(line)
     for line in next_commands(run_dirs):
         click.echo(line)
-
-
-def _terminal() -> bool:
-    return sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
 
 
 @main.command()
@@ -108,10 +106,10 @@ def verify(run_dir: str) -> None:
     <experiment>/<trial dir> below recordings):
       rllib-recorder verify recordings/<run>
     """
-    from rllib_recorder.commands.info import verify_report
+    from rllib_recorder.commands.verify import verify_report
 
-    with _progress() as bar:
-        task = bar.add_task("verifying files", total=_count_files(run_dir))
+    with progress_bar() as bar:
+        task = bar.add_task("verifying files", total=count_files(run_dir))
         report = _guard(lambda: verify_report(run_dir, progress=lambda n: bar.advance(task, n)))
     for problem in report["problems"]:
         click.echo(f"problem: {problem}")
@@ -144,12 +142,12 @@ def replay(run_dir: str, episodes: bool, target: str | None, env: str | None, ch
       rllib-recorder replay recordings/<run> --check --env ale_py:ALE/Breakout-v5-atari84x4
     """
     from rllib_recorder.commands import replay as rp
-    from rllib_recorder.read.reader import open_run
+    from rllib_recorder.read.run import open_run
 
     run = _guard(lambda: open_run(run_dir))
     with run:
         if check:
-            with _progress() as bar:
+            with progress_bar() as bar:
                 task = bar.add_task("re-simulating", total=_guard(lambda: run.counts()["agent_steps"]))
                 report = _guard(lambda: rp.check_run(run, env, progress=lambda n: bar.advance(task, n)))
             for mismatch in report.mismatches or []:
@@ -188,10 +186,10 @@ def export(run_dir: str, target: str, output: str, dataset_id: str | None) -> No
         with the ID export printed
     """
     from rllib_recorder.commands import export as ex
-    from rllib_recorder.read.reader import open_run
+    from rllib_recorder.read.run import open_run
 
     run = _guard(lambda: open_run(run_dir))
-    with run, _progress() as bar:
+    with run, progress_bar() as bar:
         task = bar.add_task(f"exporting to {target}", total=_guard(lambda: run.counts()["agent_steps"]))
         advance = lambda n: bar.advance(task, n)  # noqa: E731
         if target == "rllib":
@@ -199,7 +197,7 @@ def export(run_dir: str, target: str, output: str, dataset_id: str | None) -> No
             click.echo(f"wrote {len(files)} parquet file(s) to {output}; "
                        f"train with config.offline_data(input_={os.path.abspath(output)!r})")
         else:
-            spaces = _guard(lambda: _recorded_spaces(run))
+            spaces = _guard(lambda: ex.recorded_spaces(run))
             dataset = _guard(lambda: ex.export_minari(run, output, dataset_id, spaces, progress=advance))
             click.echo(f"wrote minari dataset {dataset} to {output}; load with "
                        f"MINARI_DATASETS_PATH={os.path.abspath(output)} minari.load_dataset({dataset!r})")
@@ -216,27 +214,13 @@ def plot(run_dir: str, output: str) -> None:
       rllib-recorder plot recordings/<run> -o run.png
     """
     from rllib_recorder.commands.plot import check_output, plot_run
-    from rllib_recorder.read.reader import open_run
+    from rllib_recorder.read.run import open_run
 
     _guard(lambda: check_output(output))
     with _guard(lambda: open_run(run_dir)) as run:
         summary = _guard(lambda: plot_run(run, output))
     episodes = ", ".join(f"{k}: {v}" for k, v in summary["episodes"].items())
     click.echo(f"wrote {output} (finished episodes {episodes}; policy lags {summary['lags']})")
-
-
-def _recorded_spaces(run: Any) -> tuple[Any, Any] | None:
-    """The recorded env's spaces when the env can be made here, else None (export infers them)."""
-    from rllib_recorder.commands.replay import env_factory
-
-    try:
-        env = env_factory(run)[1]()
-    except Exception:  # any env that can't be made here: the spaces come from the data
-        return None
-    try:
-        return env.observation_space, env.action_space
-    finally:
-        env.close()
 
 
 class _Guarded:
@@ -252,21 +236,6 @@ class _Guarded:
         return _guard(lambda: next(self.items))
 
 
-def _progress() -> Any:
-    """A progress bar on stderr while it is a terminal; nothing at all in a pipe or a log."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=Console(stderr=True), transient=True, disable=not _terminal())
-
-
-def _count_files(run_dir: str) -> int | None:
-    import glob
-
-    return len(glob.glob(os.path.join(glob.escape(run_dir), "*.h5"))) or None
-
-
 @main.command()
 @click.argument("run_dir", type=click.Path())
 def recover(run_dir: str) -> None:
@@ -280,8 +249,8 @@ def recover(run_dir: str) -> None:
     """
     from rllib_recorder.service.recover import recover_run
 
-    with _progress() as bar:
-        task = bar.add_task("recovering files", total=_count_files(run_dir))
+    with progress_bar() as bar:
+        task = bar.add_task("recovering files", total=count_files(run_dir))
         report = _guard(lambda: recover_run(run_dir, progress=lambda n: bar.advance(task, n)))
     for name, done in report["files"].items():
         click.echo(f"{name}: {done}")
@@ -303,33 +272,17 @@ def gather(run_dir: str, target: str, address: str | None) -> None:
     Example (recordings/<run>: the run directory train printed):
       rllib-recorder gather recordings/<run> --to /data/<run>
     """
-    from rllib_recorder.commands.gather import gather_run, needs_cluster
+    from rllib_recorder.commands.gather import connect_ray, gather_run, needs_cluster
 
     # the manifest is checked before Ray is joined; Ray only when some file is not readable here
     if _guard(lambda: needs_cluster(run_dir)) or address:
-        _connect_ray(address)
-    with _progress() as bar:
+        _guard(lambda: connect_ray(address))
+    with progress_bar() as bar:
         task = bar.add_task("gathering (bytes)", total=None)
         done = _guard(lambda: gather_run(run_dir, target, progress=lambda name, n: bar.advance(task, n)))
     for name, what in done.items():
         click.echo(f"{name}: {what}")
     click.echo(f"gathered: {target} holds the run's {len(done)} file(s); check it with 'rllib-recorder verify {target}'")
-
-
-def _connect_ray(address: str | None) -> None:
-    """Joins the given (or running) Ray cluster; without one, gather copies the files it can read here."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    try:
-        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto", log_to_driver=False,
-                 logging_level="ERROR", configure_logging=False)
-    except (ConnectionError, RuntimeError) as e:
-        if address:
-            click.echo(f"error: cannot join the Ray cluster at {address} ({e}); check the address "
-                       "(the head's GCS address, e.g. 10.0.0.1:6379)", err=True)
-            sys.exit(2)
 
 
 def _guard(fn: Any) -> Any:
@@ -342,5 +295,7 @@ def _guard(fn: Any) -> Any:
         click.echo(f"error: cannot read the run ({type(e).__name__}: {e}); "
                    "check it with 'rllib-recorder verify' or repair it with 'rllib-recorder recover'", err=True)
         sys.exit(2)
+
+
 if __name__ == "__main__":
     main()

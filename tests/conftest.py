@@ -46,7 +46,8 @@ def recorded_cartpole(ray_session, tmp_path_factory):
 @pytest.fixture(scope="session")
 def recorded_breakout(ray_session, tmp_path_factory):
     """One tiny real recorded PPO Breakout run from configs/breakout-ppo.yaml (RLlib's Atari wrappers, 1 iteration)."""
-    from rllib_recorder.commands.experiment import build_config, load_experiment
+    from rllib_recorder.commands.experiment import load_experiment
+    from rllib_recorder.commands.train import build_config
 
     spec = load_experiment(os.path.join(ROOT, "configs", "breakout-ppo.yaml"),
                            output_dir=str(tmp_path_factory.mktemp("breakout")))

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 SENTINEL = "SENTINEL-code-ran"
 SENTINEL_MODULE = "rr_sentinel"
-PROBE_COMMAND = "from rllib_recorder.read.probe import _main; _main()"
+PROBE_COMMAND = "from rllib_recorder.format.probe import _main; _main()"
 # processes libraries start on their own, whatever the recording holds: matplotlib asks platform.processor()
 LIBRARY_COMMANDS = ("uname -p",)
 SPAWN_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty")

@@ -237,7 +237,8 @@ class Harness:
         self._saved: list[tuple[Any, str, Any]] = []
 
     def __enter__(self) -> "Harness":
-        from rllib_recorder.commands.experiment import check_experiment, load_experiment
+        from rllib_recorder.commands.experiment import load_experiment
+        from rllib_recorder.commands.experiment_check import check_experiment
 
         self.load, self.check = load_experiment, check_experiment
         self._cwd = os.getcwd()

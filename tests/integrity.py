@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rllib_recorder.read.reader import open_run
+from rllib_recorder.read.run import open_run
 from tests.envs import decode, episode_length
 
 

@@ -7,9 +7,10 @@ import os
 
 import pytest
 
-from rllib_recorder.commands.experiment import build_config, load_experiment
-from rllib_recorder.commands.info import verify_run
-from rllib_recorder.read.reader import open_run
+from rllib_recorder.commands.experiment import load_experiment
+from rllib_recorder.commands.train import build_config
+from rllib_recorder.commands.verify import verify_run
+from rllib_recorder.read.run import open_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
@@ -34,7 +35,7 @@ def test_every_config_builds_with_the_recorder_attached(ray_session, tmp_path, p
 def test_breakout_config_uses_rllibs_atari_wrappers(ray_session, tmp_path):
     spec = load_experiment(os.path.join(ROOT, "configs", "breakout-ppo.yaml"), output_dir=str(tmp_path))
     assert spec.atari_wrappers == {"dim": 84, "framestack": 4}
-    from rllib_recorder.commands.experiment import make_atari_env
+    from rllib_recorder.commands.envs import make_atari_env
 
     env = make_atari_env(spec.env, 84, 4, spec.config["env_config"])
     obs, _ = env.reset(seed=0)
@@ -69,7 +70,7 @@ def test_multiagent_config_records_each_agent(ray_session, tmp_path):
 
 
 def test_an_env_class_is_named_as_replay_takes_it():
-    from rllib_recorder.service.run import env_name
+    from rllib_recorder.service.run_dir import env_name
     from tests.envs import CountingEnv
 
     assert env_name(CountingEnv) == "tests.envs:CountingEnv"  # what 'replay --env module:Class' takes

@@ -9,7 +9,7 @@ from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
 from rllib_recorder.errors import ConversionError
-from rllib_recorder.format.chunks import encode_images, merge_chunks
+from rllib_recorder.format.chunks import merge_chunks, uint8_chunk
 from rllib_recorder.record.batches import batch_to_chunk
 from rllib_recorder.record.convert import ConvertOptions, episodes_to_chunk, flatten_value
 from tests.helpers import image_episode, make_episode, stacked_frames
@@ -189,7 +189,7 @@ def test_frames_are_encoded_per_episode_before_concatenation_as_a_whole_chunk_wo
     rng = np.random.default_rng(5)
     episodes = [image_episode(rng.integers(0, 256, size=(n, 6, 6, 2)), f"e{n}")[0] for n in (3, 5, 2)]
     per_episode = episodes_to_chunk(episodes, ConvertOptions(encode_images=True)).streams["default_agent"]
-    whole = encode_images(episodes_to_chunk(episodes)).streams["default_agent"]
+    whole = uint8_chunk(episodes_to_chunk(episodes)).streams["default_agent"]
     assert per_episode.encoded == whole.encoded == {"steps/obs": (1 / 128, -1.0), "fragments/last_obs": (1 / 128, -1.0)}
     for table in ("steps", "fragments"):
         for path, values in getattr(whole, table).items():
@@ -211,12 +211,12 @@ def test_merging_encoded_and_float_samples_decodes_only_the_columns_they_disagre
     assert stream.steps["obs"].dtype == np.float32
     assert np.array_equal(stream.steps["obs"], np.concatenate([frames_a[:-1], frames_b[:-1]]))  # bit for bit
     assert np.array_equal(stream.fragments["last_obs"].astype(np.float32) / 128 - 1, [frames_a[-1], frames_b[-1]])
-    again = encode_images(merged).streams["default_agent"]  # the outbox's check at send time finds it inexact
+    again = uint8_chunk(merged).streams["default_agent"]  # the outbox's check at send time finds it inexact
     assert again.steps["obs"].dtype == np.float32 and "steps/obs" not in again.encoded
 
 
 def test_a_black_first_frame_does_not_hide_the_grid_the_rest_of_the_frames_lie_on():
-    from rllib_recorder.format.codecs import image_grid
+    from rllib_recorder.format.frames import image_grid
 
     codes = np.random.default_rng(7).integers(0, 256, size=(4, 5, 5, 1))
     codes[0] = 0  # black in u8 * (1/255) is 0.0, which is also code 128 of u8 / 128 - 1
@@ -231,7 +231,7 @@ def test_a_black_first_frame_does_not_hide_the_grid_the_rest_of_the_frames_lie_o
 
 
 def test_frame_stacks_are_sent_as_their_newest_frames_and_rebuilt_bit_for_bit():
-    from rllib_recorder.format.chunks import unstack_stream
+    from rllib_recorder.format.chunks import full_stacks
 
     rng = np.random.default_rng(8)
     episodes = [image_episode(stacked_frames(rng, n), f"e{n}")[0] for n in (3, 1, 6)]
@@ -245,7 +245,7 @@ def test_frame_stacks_are_sent_as_their_newest_frames_and_rebuilt_bit_for_bit():
     assert s.encoded["fragments/head_obs"] == s.encoded["steps/obs"] == (1 / 128, -1.0)
     assert stacked.nbytes == full.nbytes  # counted as the float32 stacks they stand for
     np.testing.assert_array_equal(s.fragments["last_obs"], f.fragments["last_obs"])  # a fragment's last: in full
-    back = unstack_stream(s, ["obs"])
+    back = full_stacks(s, ["obs"])
     assert back.stacked == {} and "head_obs" not in back.fragments and "fragments/head_obs" not in back.encoded
     for table in ("steps", "fragments"):
         assert getattr(back, table).keys() == getattr(f, table).keys()

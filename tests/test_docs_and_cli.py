@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from rllib_recorder.cli import main
 from rllib_recorder.format import layout
-from rllib_recorder.read.reader import open_run
+from rllib_recorder.read.run import open_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,7 +36,7 @@ def test_format_doc_example_reads_a_real_episode(tmp_path, recorded_cartpole):
 
 
 def test_format_doc_frame_stack_example_rebuilds_what_the_reader_gives_of_a_real_breakout_run(recorded_breakout):
-    from rllib_recorder.read.reader import WorkerFile
+    from rllib_recorder.read.worker_file import WorkerFile
 
     doc = open(os.path.join(ROOT, "docs", "FORMAT.md")).read()
     code = re.search(r"### Frame stacks.*?```python\n(.*?)```", doc, re.S).group(1)

@@ -9,8 +9,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from rllib_recorder.commands.experiment import make_atari_env
+from rllib_recorder.commands.envs import make_atari_env
 from rllib_recorder.errors import ReplayError
+from rllib_recorder.format import start_state
 from rllib_recorder.record import envstate
 from tests.envs import CountingEnv
 
@@ -39,7 +40,7 @@ def test_restored_env_repeats_the_captured_future_exactly(make):
     fresh.reset(seed=12345)  # a different start: only the restored state may make it match
     envstate.restore(fresh, kind, state)
     got = rollout(fresh, actions)
-    assert kind == (envstate.KIND_ALE if "Breakout" in str(env.spec) else envstate.KIND_CLASSIC)
+    assert kind == (start_state.KIND_ALE if "Breakout" in str(env.spec) else start_state.KIND_CLASSIC)
     assert len(got) == len(expected) > 1
     for (obs_e, *rest_e), (obs_g, *rest_g) in zip(expected, got):
         np.testing.assert_array_equal(obs_g, obs_e)
@@ -57,7 +58,7 @@ def test_a_frame_stack_just_after_a_reset_is_stored_as_one_frame_and_restored_as
     expected = rollout(env, actions)
     fresh = make_atari_env("ALE/Breakout-v5", 84, 4, {})
     fresh.reset(seed=77)
-    envstate.restore(fresh, envstate.KIND_ALE, captured.pack())
+    envstate.restore(fresh, start_state.KIND_ALE, captured.pack())
     frames = [layer for layer in envstate._layers(fresh) if type(layer).__name__ == "FrameStack"][0].frames
     assert len(frames) == 4 and frames.maxlen == 4
     got = rollout(fresh, actions)
@@ -78,7 +79,7 @@ def test_capture_plans_neither_keep_envs_alive_nor_remember_an_env_before_its_fi
     first = envstate.capture_state(env)
     env.step(0)
     second = envstate.capture_state(env)  # from the plan made by the first capture
-    assert first.kind == second.kind == envstate.KIND_CLASSIC
+    assert first.kind == second.kind == start_state.KIND_CLASSIC
     assert not np.array_equal(first.arrays["state"], second.arrays["state"])
     assert first.meta["layers"] == [["TimeLimit", {"_elapsed_steps": 0}]]
     assert second.meta["layers"] == [["TimeLimit", {"_elapsed_steps": 1}]]
@@ -107,13 +108,13 @@ def test_restore_refuses_a_state_of_another_kind():
 
 def test_state_blob_round_trips_arrays_and_meta_and_compresses_only_big_payloads():
     frames = np.arange(4 * 84 * 84, dtype=np.float32).reshape(4, 84, 84) % 7
-    blob = envstate.pack({"frames": frames, "state": np.array([1.5, -2.0])}, {"rng": {"s": 3}, "layers": []})
-    arrays, meta = envstate.unpack(blob)
-    assert blob[:4] == envstate.MAGIC and blob[4] == 1 and len(blob) < frames.nbytes // 10
+    blob = start_state.pack({"frames": frames, "state": np.array([1.5, -2.0])}, {"rng": {"s": 3}, "layers": []})
+    arrays, meta = start_state.unpack(blob)
+    assert blob[:4] == start_state.MAGIC and blob[4] == 1 and len(blob) < frames.nbytes // 10
     np.testing.assert_array_equal(arrays["frames"], frames)
     assert arrays["frames"].dtype == np.float32 and meta == {"rng": {"s": 3}, "layers": []}
-    small = envstate.pack({"state": np.array([1.0, 2.0, 3.0, 4.0])}, {})
-    assert small[4] == 0 and envstate.unpack(small)[0]["state"].tolist() == [1.0, 2.0, 3.0, 4.0]
+    small = start_state.pack({"state": np.array([1.0, 2.0, 3.0, 4.0])}, {})
+    assert small[4] == 0 and start_state.unpack(small)[0]["state"].tolist() == [1.0, 2.0, 3.0, 4.0]
 
 
 def test_schema_1_1_npz_start_states_still_restore():
@@ -123,7 +124,7 @@ def test_schema_1_1_npz_start_states_still_restore():
     env = gym.make("CartPole-v1")
     env.reset(seed=3)
     kind, blob = envstate.capture(env)
-    arrays, meta = envstate.unpack(blob)
+    arrays, meta = start_state.unpack(blob)
     old = io.BytesIO()
     np.savez_compressed(old, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays)
     fresh = gym.make("CartPole-v1")
@@ -136,7 +137,7 @@ def test_garbage_start_state_is_a_one_line_replay_error():
     env = gym.make("CartPole-v1")
     env.reset(seed=0)
     with pytest.raises(ReplayError, match="start state is unreadable"):
-        envstate.restore(env, envstate.KIND_CLASSIC, b"RRS2\x00garbage")
+        envstate.restore(env, start_state.KIND_CLASSIC, b"RRS2\x00garbage")
 
 
 def test_start_state_is_not_captured_on_a_runner_that_does_not_record():
@@ -145,8 +146,8 @@ def test_start_state_is_not_captured_on_a_runner_that_does_not_record():
     from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
     from rllib_recorder.config import RecorderConfig
+    from rllib_recorder.record.binding import Binding
     from rllib_recorder.record.runner import StartStates, recorder_for
-    from rllib_recorder.service.pool import Binding
 
     class Runner:  # what the recorder reads of an EnvRunner (weak-referenceable, like one)
         def __init__(self, worker_index, in_evaluation):
@@ -195,11 +196,11 @@ def test_a_captured_state_pickles_as_its_blob_and_keeps_none_of_the_env():
     gc.collect()
     assert gone() is None  # neither capture, built or not, keeps the env alive
     assert captured.pack() == blob
-    np.testing.assert_array_equal(envstate.unpack(unbuilt.pack())[0]["state"], after_step)
+    np.testing.assert_array_equal(start_state.unpack(unbuilt.pack())[0]["state"], after_step)
 
 
 def _stored_layer_attrs(blob: bytes) -> set[str]:
-    return {attr for _, attrs in envstate.unpack(blob)[1]["layers"] for attr in attrs}
+    return {attr for _, attrs in start_state.unpack(blob)[1]["layers"] for attr in attrs}
 
 
 def test_frames_max_pooled_by_every_full_step_are_left_out_unless_the_first_step_ended_the_episode():
@@ -220,7 +221,7 @@ def test_frames_max_pooled_by_every_full_step_are_left_out_unless_the_first_step
     assert len(short) < len(captured.pack()) and "frames" in _stored_layer_attrs(short)
     fresh = make_atari_env("ALE/Breakout-v5", 84, 4, {})
     fresh.reset(seed=999)
-    envstate.restore(fresh, envstate.KIND_ALE, short)
+    envstate.restore(fresh, start_state.KIND_ALE, short)
     got = rollout(fresh, actions)
     assert len(got) == len(expected) > 1
     for (obs_e, *rest_e), (obs_g, *rest_g) in zip(expected, got):  # the first step is a full one: same future
@@ -231,5 +232,5 @@ def test_frames_max_pooled_by_every_full_step_are_left_out_unless_the_first_step
         episode = make_episode(n, terminated=terminated)
         episode.custom_data[START_STATE_KEY] = captured
         stream = episodes_to_chunk([episode]).streams["default_agent"]
-        assert stream.fragments["start_state_kind"][0] == envstate.KIND_ALE
+        assert stream.fragments["start_state_kind"][0] == start_state.KIND_ALE
         assert ("_obs_buffer" in _stored_layer_attrs(stream.fragments["start_state"][0].tobytes())) == with_buffer

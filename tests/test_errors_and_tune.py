@@ -14,8 +14,8 @@ from ray.rllib.callbacks.callbacks import RLlibCallback
 
 from rllib_recorder import ConfigError, OutputDirError, RecorderCallback, RecorderConfig, RecorderError
 from rllib_recorder.cli import main
-from rllib_recorder.commands.info import verify_report
-from rllib_recorder.read.reader import open_run
+from rllib_recorder.commands.verify import verify_report
+from rllib_recorder.read.run import open_run
 from tests.integrity import check_run
 from tests.test_recording import ppo, record
 

@@ -12,9 +12,9 @@ from click.testing import CliRunner
 
 from rllib_recorder.cli import main
 from rllib_recorder.commands.gather import MARKER_NAME, gather_run
-from rllib_recorder.commands.info import verify_run
+from rllib_recorder.commands.verify import verify_run
 from rllib_recorder.format.manifest import read_manifest, write_manifest
-from rllib_recorder.read.reader import open_run
+from rllib_recorder.read.run import open_run
 
 
 def assert_same_run(source: str, gathered: str) -> None:

@@ -127,7 +127,7 @@ def test_hostile_manifests_and_indexes_get_one_line_run_nothing_and_write_nothin
 @given(seed=st.integers(0, 2 ** 32 - 1))
 def test_the_reader_api_raises_only_recorder_errors_on_hostile_manifests(recorded_cartpole, tmp_path_factory,
                                                                           sentinel, seed):
-    from rllib_recorder.read.reader import open_run
+    from rllib_recorder.read.run import open_run
 
     rng = random.Random(seed)
     run = os.path.join(str(tmp_path_factory.mktemp("reader")), "run")
@@ -170,7 +170,7 @@ def test_with_fsync_new_files_and_renames_are_followed_by_a_directory_fsync(tmp_
 def test_files_are_created_with_the_users_umask_never_wider(tmp_path):
     from rllib_recorder.format.datasets import StorageOptions
     from rllib_recorder.format.manifest import write_manifest
-    from rllib_recorder.format.spool import SegmentWriter
+    from rllib_recorder.format.spool_files import SegmentWriter
     from rllib_recorder.record.convert import episodes_to_chunk
     from rllib_recorder.record.outbox import Outbox
     from rllib_recorder.service.writer import RecordingWriter

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from rllib_recorder.commands.info import verify_run
-from rllib_recorder.read.reader import open_run
+from rllib_recorder.commands.verify import verify_run
+from rllib_recorder.read.run import open_run
 from tests.integrity import check_run
 from tests.test_gather import assert_same_run
 

@@ -4,7 +4,8 @@ import os
 
 import numpy as np
 
-from rllib_recorder.format.spool import KIND_CHUNK, KIND_END, KIND_STATS, SegmentWriter, read_record, segments_of
+from rllib_recorder.format.spool import KIND_CHUNK, KIND_END, KIND_STATS, read_record
+from rllib_recorder.format.spool_files import SegmentWriter, segments_of
 from rllib_recorder.record.convert import ConvertOptions, episodes_to_chunk
 from rllib_recorder.record.outbox import WRITER_STALE_S, Outbox
 from tests.helpers import image_episode, make_episode

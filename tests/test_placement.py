@@ -5,7 +5,7 @@ from __future__ import annotations
 from rllib_recorder.config import RecorderConfig
 from rllib_recorder.format import layout
 from rllib_recorder.format.manifest import place_files
-from rllib_recorder.service.pool import Binding, assign_writer
+from rllib_recorder.record.binding import Binding, assign_writer
 
 
 def binding(node_tags):

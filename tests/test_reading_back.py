@@ -10,7 +10,8 @@ import h5py
 import numpy as np
 import pytest
 
-from rllib_recorder.read.reader import open_run
+from rllib_recorder.format import start_state
+from rllib_recorder.read.run import open_run
 from rllib_recorder.record import envstate
 
 
@@ -89,7 +90,7 @@ def test_first_fragments_carry_a_restorable_start_state(recorded_cartpole, plain
     frags = plain["frags"]
     first = frags["t_start"] == 0
     assert first.any() and (~first).any()
-    assert set(frags["start_state_kind"][first].tolist()) == {envstate.KIND_CLASSIC.encode()}
+    assert set(frags["start_state_kind"][first].tolist()) == {start_state.KIND_CLASSIC.encode()}
     assert set(frags["start_state_kind"][~first].tolist()) == {b""}
     assert all(len(s) > 0 for s, f in zip(plain["start_state"], first) if f)
     assert all(len(s) == 0 for s, f in zip(plain["start_state"], first) if not f)

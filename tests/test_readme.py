@@ -1,5 +1,5 @@
-"""Every snippet in the README and every example in the CLI's help runs as written, as child processes, on a real
-recording made by the README's own quick start in a fresh folder (this 2-CPU machine)."""
+"""Every snippet in the README and the user guide and every example in the CLI's help runs as written, as child
+processes, on a real recording made by the README's own quick start in a fresh folder (this 2-CPU machine)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from rllib_recorder.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = open(os.path.join(ROOT, "README.md")).read()
+GUIDE = open(os.path.join(ROOT, "docs", "guide.md")).read()
 # The two set-up commands: CI runs them itself (.ci/run), so here the install and the test run are not repeated.
 SETUP = ('pip install -e ".[dev]"', "python -m pytest -q")
 
@@ -70,11 +71,11 @@ def substitute(command: str, run_dir: str, target: str) -> str:
     return command.replace("/data/<run>", target).replace("recordings/<run>", run_dir)
 
 
-def test_readme_snippets_run_as_written(workspace):
+def test_readme_and_guide_snippets_run_as_written(workspace):
     folder, run_dir = workspace
-    blocks = fenced_blocks(README)
+    blocks = fenced_blocks(README)[1:] + fenced_blocks(GUIDE)  # the guide's export snippet trains on README's export
     done = []
-    for lang, code in blocks[1:]:
+    for lang, code in blocks:
         if lang == "bash":
             for command in shell_commands(code):
                 assert command.startswith("rllib-recorder "), command
@@ -82,6 +83,8 @@ def test_readme_snippets_run_as_written(workspace):
                 done.append(command.split()[1])
                 if command.startswith("rllib-recorder verify"):
                     assert "is sound" in proc.stdout
+        elif lang == "text":  # what a command prints, not a command
+            continue
         elif lang == "python":
             with open(os.path.join(folder, "snippet.py"), "w") as f:
                 f.write(code)

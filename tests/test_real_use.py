@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from rllib_recorder import RecorderCallback
 from rllib_recorder.cli import main
-from rllib_recorder.commands.info import verify_report
+from rllib_recorder.commands.verify import verify_report
 from rllib_recorder.format.manifest import read_manifest
 from tests.helpers import communicate_or_kill
 from tests.integrity import check_run

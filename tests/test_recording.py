@@ -14,7 +14,7 @@ from ray.rllib.connectors.env_to_module.flatten_observations import FlattenObser
 from ray.tune.registry import register_env
 
 from rllib_recorder import RecorderCallback
-from rllib_recorder.read.reader import open_run
+from rllib_recorder.read.run import open_run
 from tests.envs import CountingEnv, TwoAgentCountingEnv
 from tests.integrity import check_run
 

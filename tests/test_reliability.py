@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from rllib_recorder import OutputDirError, RecorderCallback, RecorderError
 from rllib_recorder.cli import main
-from rllib_recorder.commands.info import verify_run
-from rllib_recorder.read.reader import open_run
+from rllib_recorder.commands.verify import verify_run
+from rllib_recorder.read.run import open_run
 from rllib_recorder.service.pool import writer_name
 from tests.helpers import damage
 from tests.integrity import check_run

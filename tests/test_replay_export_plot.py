@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from rllib_recorder.cli import main
-from rllib_recorder.read.reader import open_run
+from rllib_recorder.read.run import open_run
 from tests import helpers
 
 

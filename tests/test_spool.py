@@ -12,17 +12,9 @@ import pytest
 
 from rllib_recorder import RecorderConfig
 from rllib_recorder.errors import SchemaError
-from rllib_recorder.format.spool import (
-    HEADER,
-    KIND_CHUNK,
-    MAGIC,
-    SPOOL_DIR,
-    SegmentWriter,
-    encode_record,
-    read_record,
-    segments_of,
-)
-from rllib_recorder.read.reader import open_run
+from rllib_recorder.format.spool import HEADER, KIND_CHUNK, MAGIC, encode_record, read_record
+from rllib_recorder.format.spool_files import SPOOL_DIR, SegmentWriter, segments_of
+from rllib_recorder.read.run import open_run
 from rllib_recorder.record.convert import episodes_to_chunk
 from rllib_recorder.record.outbox import Outbox
 from rllib_recorder.service.pool import SpoolWriter
@@ -153,8 +145,8 @@ def test_small_samples_are_committed_together_once_enough_rows_wait(tmp_path):
 
 
 def test_verify_reads_coalesced_batches_as_contiguous_samples(tmp_path):
-    from rllib_recorder.commands.info import _verify_file
-    from rllib_recorder.read.reader import WorkerFile
+    from rllib_recorder.commands.verify import _verify_file
+    from rllib_recorder.read.worker_file import WorkerFile
 
     run_dir, clock = str(tmp_path / "run"), Clock()
     out, spool = runner(run_dir), writer(run_dir, clock, coalesce_rows=10, coalesce_s=60)
@@ -311,7 +303,7 @@ def open_run_dir(run_dir):
 
 
 def _counting_runner(run_dir, **kwargs):
-    """An outbox whose runner counts what it sampled, as RunnerRecorder does (sampled before anything can fail)."""
+    """An outbox whose runner counts what it sampled, as EnvRunnerRecorder does (sampled before anything can fail)."""
     sampled = {"env_steps_sampled": 0}
     out = runner(run_dir, extra_stats=lambda: dict(sampled), **kwargs)
 
@@ -331,7 +323,7 @@ def _finish(run_dir, spool, totals=None):
 
 
 def test_verify_names_backpressure_drops_by_cause_and_counts_every_sampled_step(tmp_path):
-    from rllib_recorder.commands.info import verify_report
+    from rllib_recorder.commands.verify import verify_report
 
     run_dir, clock = str(tmp_path / "run"), Clock()
     out, add = _counting_runner(run_dir, policy="drop", max_backlog_bytes=1)  # the second sample finds it full
@@ -351,7 +343,7 @@ def test_verify_names_backpressure_drops_by_cause_and_counts_every_sampled_step(
 
 def test_verify_finds_a_gap_from_the_file_alone_when_the_manifest_has_no_totals(tmp_path):
     """A driver killed before it wrote totals: the batch rows' sender counters still show what was sampled."""
-    from rllib_recorder.commands.info import verify_report
+    from rllib_recorder.commands.verify import verify_report
 
     run_dir, clock = str(tmp_path / "run"), Clock()
     out, add = _counting_runner(run_dir)

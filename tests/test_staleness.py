@@ -6,12 +6,14 @@ import os
 
 import numpy as np
 
+from rllib_recorder.commands.info import stored_rates
 from rllib_recorder.format import datasets
 from rllib_recorder.format.index import INDEX_NAME, read_index, rebuild_index
-from rllib_recorder.format.lag import chunk_learner_version, interval_rates, lag_summary, step_lags, stored_rates
+from rllib_recorder.format.lag import chunk_learner_version, lag_summary, step_lags
 from rllib_recorder.format.manifest import write_manifest
-from rllib_recorder.read.reader import WorkerFile
+from rllib_recorder.read.worker_file import WorkerFile
 from rllib_recorder.record.convert import episodes_to_chunk
+from rllib_recorder.service.metrics import interval_rates
 from rllib_recorder.service.writer import RecordingWriter
 from tests.helpers import make_episode, update_index_many
 

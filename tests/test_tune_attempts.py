@@ -18,9 +18,9 @@ from ray.tune.registry import register_env
 from ray.tune.schedulers import PopulationBasedTraining
 
 from rllib_recorder import RecorderCallback
-from rllib_recorder.commands.info import verify_report
+from rllib_recorder.commands.verify import verify_report
 from rllib_recorder.read.accounting import accounts
-from rllib_recorder.read.reader import open_run
+from rllib_recorder.read.run import open_run
 from tests.envs import FailOnceEnv
 from tests.helpers import communicate_or_kill
 from tests.integrity import check_run

@@ -138,7 +138,7 @@ def test_nested_dict_tuple_observations_read_back_as_nested(tmp_path):
     from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
     from rllib_recorder.format.manifest import write_manifest
-    from rllib_recorder.read.reader import open_run
+    from rllib_recorder.read.run import open_run
 
     obs = [{"pos": np.full(2, t, np.float32), "inv": (np.int64(t), np.full(3, t, np.uint8))} for t in range(4)]
     episode = SingleAgentEpisode(id_="e", observations=obs, actions=[0, 1, 0], rewards=[1.0, 2.0, 3.0],
@@ -157,7 +157,7 @@ def test_nested_dict_tuple_observations_read_back_as_nested(tmp_path):
 
 
 def test_exact_float_frames_are_stored_as_uint8_and_read_back_bit_for_bit(tmp_path):
-    from rllib_recorder.read.reader import open_run
+    from rllib_recorder.read.run import open_run
 
     rng = np.random.default_rng(0)
     codes = rng.integers(0, 256, size=(6, 8, 8, 4)).astype(np.uint8)
@@ -201,7 +201,7 @@ def test_a_frame_that_is_not_exact_turns_the_column_back_into_float32_losslessly
 @pytest.mark.parametrize("writer_encodes", [True, False])
 def test_frames_the_runner_sends_as_uint8_codes_are_stored_losslessly_whatever_came_before(tmp_path, sent,
                                                                                              writer_encodes):
-    from rllib_recorder.format.chunks import encode_images
+    from rllib_recorder.format.chunks import uint8_chunk
 
     rng = np.random.default_rng(2)
     chunks, expected = [], []
@@ -212,7 +212,7 @@ def test_frames_the_runner_sends_as_uint8_codes_are_stored_losslessly_whatever_c
             frames[2, 1, 1, 1] += np.float32(1e-3)
         chunk = episodes_to_chunk([episode])
         if how != "floats":
-            encoded = encode_images(chunk)
+            encoded = uint8_chunk(chunk)
             stream = encoded.streams["default_agent"]
             assert encoded.nbytes == chunk.nbytes  # counted as the float32 frames they stand for
             if how == "codes":
@@ -265,7 +265,7 @@ def test_frame_stacks_are_stored_as_newest_frames_and_read_back_bit_for_bit_what
     runner, sent in full (the writer stacks them), or with a row that does not repeat the frames before it (the
     column turns into full stacks, once). Every row reads back bit for bit through the reader, whatever the rows
     asked for; plain h5py sees one frame per row and the frame_stack attribute."""
-    from rllib_recorder.read.reader import WorkerFile
+    from rllib_recorder.read.worker_file import WorkerFile
     from rllib_recorder.record.convert import ConvertOptions
 
     rng = np.random.default_rng(3)
@@ -320,7 +320,7 @@ def test_frame_stacks_inside_a_dict_space_and_from_the_old_stack_are_stacked_by_
     from ray.rllib.env.single_agent_episode import SingleAgentEpisode
     from ray.rllib.policy.sample_batch import SampleBatch
 
-    from rllib_recorder.read.reader import WorkerFile
+    from rllib_recorder.read.worker_file import WorkerFile
     from rllib_recorder.record.batches import batch_to_chunk
 
     rng = np.random.default_rng(7)
@@ -357,14 +357,14 @@ def test_frame_stacks_inside_a_dict_space_and_from_the_old_stack_are_stacked_by_
 
 
 def test_a_frame_stacked_column_without_its_head_frames_is_reported_in_one_line(tmp_path):
-    from rllib_recorder.read.reader import WorkerFile
+    from rllib_recorder.read.worker_file import WorkerFile
     from rllib_recorder.record.convert import ConvertOptions
 
     episode, _ = image_episode(stacked_frames(np.random.default_rng(8), 4), "a")
     writer = _writer(tmp_path)
     writer.append(1, False, b"s" * 32, 0, episodes_to_chunk([episode], ConvertOptions(encode_images=True)))
     writer.close()
-    from rllib_recorder.commands.info import verify_run
+    from rllib_recorder.commands.verify import verify_run
     from rllib_recorder.format.manifest import write_manifest
 
     write_manifest(str(tmp_path), {"format": "rllib_recorder", "schema_version": layout.SCHEMA_VERSION,
@@ -472,7 +472,7 @@ def test_freed_space_is_never_reused_and_dead_space_is_compacted_away_without_lo
         obs = h5["agents/default_agent/steps/obs"][()]
         assert obs.shape == (first, 64) and json.loads(h5.attrs["commit"])["agents"]["default_agent"][0] == first
         np.testing.assert_array_equal(obs[:, 0], np.arange(first))
-        data = commits.chunk_bytes(h5)
+        data = commits.datasets_bytes(h5)
     assert mid_run >= 1 and stats["compacted_bytes"] > 0
     # Bounded while running (dead space <= data + slack, plus one append), small at the end.
     assert peak < 2 * data + slack + 2 * (64 << 10) * 12

@@ -19,7 +19,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from rllib_recorder.commands.experiment import check_experiment, load_experiment
+from rllib_recorder.commands.experiment import load_experiment
+from rllib_recorder.commands.experiment_check import check_experiment
 from rllib_recorder.errors import ConfigError, RecorderError
 from tests import hostile_yaml
 

@@ -10,12 +10,15 @@ from typing import Any, Callable
 import h5py
 import numpy as np
 
+from rllib_recorder.commands.replay import env_factory
 from rllib_recorder.errors import ExportError
-from rllib_recorder.read.convert import require_extra
-from rllib_recorder.read.reader import Episode, Run
+from rllib_recorder.extras import require_extra
+from rllib_recorder.read.records import Episode
+from rllib_recorder.read.run import Run
 
 # The columns RLlib's OfflinePreLearner maps to episodes (its default input schema).
 RLLIB_COLUMNS = ("eps_id", "obs", "new_obs", "actions", "rewards", "terminateds", "truncateds")
+
 ROWS_PER_PARQUET_FILE = 50_000
 
 
@@ -105,14 +108,15 @@ def recorded_env_spec(run: Run) -> Any:
     """The gymnasium ``EnvSpec`` of the run's env when it is a plain gymnasium id registered here (a name the
     recorder gave RLlib's Atari wrappers is not: its frames are not the raw env's); else None. The manifest is
     data: only ids already registered (after at most importing ``ale_py``) are looked up."""
-    from rllib_recorder.commands.replay import ATARI_NAME, _recorded_gym_id
+    from rllib_recorder.commands.envs import ATARI_NAME
+    from rllib_recorder.commands.replay import recorded_gym_id
     from rllib_recorder.errors import ReplayError
 
     name = run.manifest.get("env")
     if not isinstance(name, str) or ATARI_NAME.match(name):
         return None
     try:
-        _recorded_gym_id(run, name, name)
+        recorded_gym_id(run, name, name)
     except ReplayError:
         return None
     import gymnasium as gym
@@ -159,3 +163,15 @@ def _check_single_agent(run: Run, target: str) -> None:
             if not isinstance(steps["obs"], h5py.Dataset) or not isinstance(steps["actions"], h5py.Dataset):
                 raise ExportError(f"export --to {target} takes Box/Discrete spaces; {f.path} stores nested "
                                   "observations or actions (a Dict or Tuple space)")
+
+
+def recorded_spaces(run: Run) -> tuple[Any, Any] | None:
+    """The recorded env's spaces when the env can be made here, else None (export infers them)."""
+    try:
+        env = env_factory(run)[1]()
+    except Exception:  # any env that can't be made here: the spaces come from the data
+        return None
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()

@@ -12,12 +12,15 @@ from typing import Any, Callable, Iterator
 
 import ray
 
+from rllib_recorder._rllib_compat import generator_backpressure
 from rllib_recorder.errors import GatherError, SchemaError
 from rllib_recorder.format import durable
 from rllib_recorder.format.manifest import MANIFEST_NAME, now_iso, read_json, read_manifest, write_manifest
 
 PIECE_BYTES = 4 << 20
+
 MARKER_NAME = "gather.json"  # in the target while a gather is unfinished: which run it is gathering
+
 PART_SUFFIX = ".part"
 
 
@@ -147,7 +150,7 @@ class FileReader:
             except OSError as e:
                 raise self._unreadable(e) from None
             return
-        task = _remote_pieces.options(scheduling_strategy=self._on_node(), _generator_backpressure_num_objects=4)
+        task = _remote_pieces.options(scheduling_strategy=self._on_node(), **generator_backpressure(4))
         with self._remote_errors():
             for ref in task.remote(self.path, offset, piece_bytes):
                 yield ray.get(ref)
@@ -254,3 +257,19 @@ def _remote_digest(path: str) -> tuple[int, str]:
 @ray.remote(num_cpus=0, num_returns="streaming")
 def _remote_pieces(path: str, offset: int, piece_bytes: int) -> Iterator[bytes]:
     yield from _read_pieces(path, offset, piece_bytes)
+
+
+def connect_ray(address: str | None) -> None:
+    """Joins the given (or running) Ray cluster; without one, gather copies the files it can read here.
+    GatherError when ``address`` is given and can't be joined."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    try:
+        ray.init(address=address or os.environ.get("RAY_ADDRESS") or "auto", log_to_driver=False,
+                 logging_level="ERROR", configure_logging=False)
+    except (ConnectionError, RuntimeError) as e:
+        if address:
+            raise GatherError(f"cannot join the Ray cluster at {address} ({e}); check the address "
+                              "(the head's GCS address, e.g. 10.0.0.1:6379)") from None

@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 
 from rllib_recorder.errors import ExportError
-from rllib_recorder.read.convert import require_extra
-from rllib_recorder.read.reader import Run, WorkerFile
+from rllib_recorder.extras import require_extra
+from rllib_recorder.read.run import Run
+from rllib_recorder.read.worker_file import WorkerFile
 
 
 def episode_returns(f: WorkerFile, agent: str) -> tuple[np.ndarray, np.ndarray]:
@@ -57,7 +58,7 @@ def plot_run(run: Run, out_path: str) -> dict[str, Any]:
     fig, (ax_ret, ax_lag) = plt.subplots(1, 2, figsize=(12, 4.5))
     summary: dict[str, Any] = {"episodes": {}, "lags": {}}
     all_lags = []
-    for f in run._files(False):
+    for f in run.files_of(False):
         for agent in f.agents:
             x, y = episode_returns(f, agent)
             label = f"worker {f.worker_index}" + ("" if agent == "default_agent" else f" {agent}")

@@ -160,7 +160,8 @@ class TrainProgress(Callback):
 
 def run_summary(run_dir: str) -> list[str]:
     """A few lines on a recorded run: where, what it holds, and whether ``verify`` finds it sound."""
-    from rllib_recorder.commands.info import summarize, verify_report
+    from rllib_recorder.commands.info import summarize
+    from rllib_recorder.commands.verify import verify_report
     from rllib_recorder.errors import RecorderError
 
     shown = display_path(run_dir)
@@ -199,7 +200,7 @@ def next_commands(run_dirs: list[str]) -> list[str]:
 
 def _single_agent_new_stack(run_dir: str) -> bool:
     from rllib_recorder.errors import RecorderError
-    from rllib_recorder.read.reader import open_run
+    from rllib_recorder.read.run import open_run
 
     try:
         with open_run(run_dir) as run:

@@ -11,13 +11,13 @@ from typing import Any, Callable, Iterator
 import h5py
 import numpy as np
 
+from rllib_recorder.commands.envs import ATARI_NAME, import_env_package, make_atari_env
 from rllib_recorder.errors import ReplayError
 from rllib_recorder.format import decode
-from rllib_recorder.read.convert import unbatch
-from rllib_recorder.read.reader import Batch, Episode, Run
+from rllib_recorder.read.records import Batch, Episode
+from rllib_recorder.read.run import Run
+from rllib_recorder.read.to_rllib import unbatch
 from rllib_recorder.record import envstate
-
-ATARI_NAME = re.compile(r"^(?P<id>.+)-atari(?P<dim>\d+)x(?P<stack>\d+)$")
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,7 @@ def load_callable(target: str) -> Callable[[Any], Any]:
 # Modules a recorded env name may ask to import (gymnasium's "module:id" form): env packages that register
 # gymnasium ids and do nothing else. A manifest naming any other module gets "pass --env".
 ENV_MODULES = ("ale_py",)
+
 GYM_ID = re.compile(r"(?:(?P<module>[A-Za-z_][A-Za-z0-9_.]*):)?(?P<id>[A-Za-z0-9_./-]{1,200})")
 
 
@@ -104,10 +105,8 @@ def env_factory(run: Run, env: str | None = None) -> tuple[str, Callable[[], Any
     env_config = dict(run.manifest.get("env_config") or {})
     atari = ATARI_NAME.match(name)
     if atari:
-        from rllib_recorder.commands.experiment import make_atari_env
-
         if not trusted:
-            _recorded_gym_id(run, atari["id"], name)
+            recorded_gym_id(run, atari["id"], name)
         dim, stack = int(atari["dim"]), int(atari["stack"])
         if not (1 <= dim <= 1024 and 1 <= stack <= 64):
             raise ReplayError(f"env {name!r}: an Atari frame of {dim} pixels with {stack} frames stacked is not "
@@ -126,11 +125,11 @@ def env_factory(run: Run, env: str | None = None) -> tuple[str, Callable[[], Any
                               "give a gymnasium id or 'module:function'") from None
         return name, lambda: fn(env_config)
     if not trusted:
-        _recorded_gym_id(run, name, name)
+        recorded_gym_id(run, name, name)
     return name, lambda: _gym_make(name, env_config)
 
 
-def _recorded_gym_id(run: Run, gym_id: str, name: str) -> None:
+def recorded_gym_id(run: Run, gym_id: str, name: str) -> None:
     """ReplayError unless ``gym_id`` (from the run's manifest) is a gymnasium id registered here, after importing
     at most one of ``ENV_MODULES``."""
     import gymnasium as gym
@@ -141,8 +140,6 @@ def _recorded_gym_id(run: Run, gym_id: str, name: str) -> None:
         raise ReplayError(f"run {run.path} names its env {name[:200]!r}, which is not a gymnasium id (a recording's "
                           "contents are never imported or run); pass --env with the env to use")
     if module is not None:
-        from rllib_recorder.commands.experiment import import_env_package
-
         import_env_package(module)
     if match["id"] not in gym.registry:
         raise ReplayError(f"run {run.path} was recorded in env {name[:200]!r}, which is not a gymnasium id "
@@ -240,8 +237,6 @@ def _gym_make(name: str, env_config: dict[str, Any]) -> Any:
     module, _, _ = name.partition(":")
     try:
         if ":" in name:
-            from rllib_recorder.commands.experiment import import_env_package
-
             import_env_package(module)
             name = name.partition(":")[2]
         return gym.make(name, **env_config)

@@ -1,1 +1,3 @@
-"""The stored form and nothing else: layout and schema version, columns, commits, the manifest, index, spool and codecs."""
+"""The stored form and nothing else: layout and schema version, columns, commits, the manifest, index, spool, start
+states and frame codes.
+"""

@@ -1,4 +1,6 @@
-"""Appending one chunk to a worker file and committing it; opening a file to append to, dropping what no commit names."""
+"""Appending one chunk to a worker file and committing it; opening a file to append to, dropping what no commit
+names.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +12,14 @@ import h5py
 import numpy as np
 
 from rllib_recorder.format import repair as h5repair
-from rllib_recorder.format.chunks import Chunk, Stream, stack_frames, unstack_stream
-from rllib_recorder.format.codecs import (
+from rllib_recorder.format.chunks import Chunk, Stream, full_stacks, newest_frames
+from rllib_recorder.format.commits import rewrite_committed, uncommitted_rows, write_commit
+from rllib_recorder.format.datasets import StorageOptions, append_columns, replace_column, sent_encodings
+from rllib_recorder.format.decode import read_rows, same_encoding
+from rllib_recorder.format.frames import (
     HEAD_PREFIX,
     fragment_starts,
 )
-from rllib_recorder.format.commits import rewrite_committed, uncommitted_rows, write_commit
-from rllib_recorder.format.datasets import OpenColumns, StorageOptions, append_columns, replace_column, sent_encodings
-from rllib_recorder.format.decode import read_rows, same_encoding
 from rllib_recorder.format.h5file import APPEND_CHUNK_CACHE_BYTES, create_file, open_h5, validate_header
 from rllib_recorder.format.layout import (
     ENCODING_ATTRS,
@@ -28,6 +30,7 @@ from rllib_recorder.format.layout import (
     SENDER_COUNTERS,
     SENDER_ID_DTYPE,
 )
+from rllib_recorder.format.open_columns import OpenColumns
 
 
 def open_for_append(path: str, attrs: Mapping[str, Any], file_space: str = "none") -> h5py.File:
@@ -135,21 +138,21 @@ def _append_stream(
 
 def _stacks_as_stored(columns: OpenColumns, steps: h5py.Group, fragments: h5py.Group, stream: Stream, rows: int,
                       options: StorageOptions) -> Stream:
-    """``stream`` with its frame stacks as the file stores them (``convert.stack_frames``).
+    """``stream`` with its frame stacks as the file stores them (``chunks.newest_frames``).
 
     A stream the env runner did not stack is stacked here if it can be. A stacked stream for a column stored as
     full stacks is rebuilt as full stacks; a stream that can't be stacked for a column stored stacked turns the
     column (its ``rows`` stored rows) into full stacks, once, lossless either way."""
     if options.stack_frames and columns.stores_frame_stacks:
-        stream = stack_frames(stream, stream.fragments["num_rows"])
+        stream = newest_frames(stream, stream.fragments["num_rows"])
     elif stream.stacked:  # the writer was told to keep full stacks (or the file is 1.x)
-        stream = unstack_stream(stream, list(stream.stacked))
+        stream = full_stacks(stream, list(stream.stacked))
     for path in [p for p in stream.steps if p.startswith("obs")]:
         column = columns.column(steps, path)
         stored = None if column is None else column.stack
         if column is None or stored == stream.stacked.get(path):
             continue
-        stream = unstack_stream(stream, [path])
+        stream = full_stacks(stream, [path])
         if stored is not None:
             _unstack_column(columns, steps, fragments, path, rows, options)
     return stream

@@ -8,7 +8,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from rllib_recorder.errors import ConversionError
-from rllib_recorder.format.codecs import (
+from rllib_recorder.format.frames import (
     HEAD_PREFIX,
     decode_codes,
     encode_image,
@@ -23,7 +23,7 @@ DEFAULT_AGENT = "default_agent"
 EPS_ID_DTYPE = np.dtype("S36")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Stream:
     """The rows of one agent (or, on the old stack, one policy) in a chunk.
 
@@ -36,10 +36,10 @@ class Stream:
     steps: dict[str, np.ndarray]
     fragments: dict[str, np.ndarray]
     containers: dict[str, str] = field(default_factory=dict)
-    # Columns the env runner sent as exact uint8 codes of float32 values (``encode_stream``):
+    # Columns the env runner sent as exact uint8 codes of float32 values (``uint8_stream``):
     # ``{"steps/obs": (scale, offset)}``; the float32 value of a code is ``code * scale + offset``.
     encoded: dict[str, tuple[float, float]] = field(default_factory=dict)
-    # Step columns held as frame stacks (``stack_frames``): ``{"obs": 4}``; the column holds each row's newest
+    # Step columns held as frame stacks (``newest_frames``): ``{"obs": 4}``; the column holds each row's newest
     # frame (last axis of size 1) and ``fragments/head_<path>`` the older frames of each fragment's first row.
     stacked: dict[str, int] = field(default_factory=dict)
 
@@ -62,7 +62,7 @@ class Stream:
         return f"Stream(rows={self.num_rows}, fragments={len(self.fragments['eps_id'])}, {cols})"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Chunk:
     """Everything one or more ``on_sample_end`` calls of one env runner produced."""
 
@@ -124,7 +124,7 @@ def concat_streams(streams: Sequence[Stream]) -> Stream:
     first = streams[0]
     stacked = {k: v for k, v in first.stacked.items() if all(s.stacked.get(k) == v for s in streams)}
     if any(s.stacked.keys() - stacked.keys() for s in streams):  # some parts hold full stacks: all do
-        streams = [unstack_stream(s, s.stacked.keys() - stacked.keys()) for s in streams]
+        streams = [full_stacks(s, s.stacked.keys() - stacked.keys()) for s in streams]
         first = streams[0]
     for other in streams[1:]:
         if other.steps.keys() != first.steps.keys() or other.fragments.keys() != first.fragments.keys():
@@ -169,13 +169,13 @@ def merge_chunks(chunks: Sequence[Chunk]) -> Chunk:
     )
 
 
-def encode_images(chunk: Chunk) -> Chunk:
-    """``chunk`` with every float32 image column that holds exact uint8 codes as uint8 (``encode_stream``)."""
-    return Chunk(streams={key: encode_stream(s) for key, s in chunk.streams.items()}, env_steps=chunk.env_steps,
+def uint8_chunk(chunk: Chunk) -> Chunk:
+    """``chunk`` with every float32 image column that holds exact uint8 codes as uint8 (``uint8_stream``)."""
+    return Chunk(streams={key: uint8_stream(s) for key, s in chunk.streams.items()}, env_steps=chunk.env_steps,
                  num_samples=chunk.num_samples, sampled_at_s=chunk.sampled_at_s)
 
 
-def encode_stream(stream: Stream) -> Stream:
+def uint8_stream(stream: Stream) -> Stream:
     """``stream`` with every float32 image column (3 or more dims) that holds exact uint8 codes as uint8.
 
     Runs in the env runner on each episode's columns as they are converted (``ConvertOptions.encode_images``):
@@ -202,7 +202,7 @@ def encode_stream(stream: Stream) -> Stream:
 MAX_STACK = 16
 
 
-def stack_frames(stream: Stream, lengths: Sequence[int]) -> Stream:
+def newest_frames(stream: Stream, lengths: Sequence[int]) -> Stream:
     """``stream`` with each observation column that is a stack of frames (4+ dims, last axis 2..MAX_STACK, each row
     repeating the row before shifted by one frame within each fragment) held as its newest frames.
 
@@ -228,7 +228,7 @@ def stack_frames(stream: Stream, lengths: Sequence[int]) -> Stream:
     return Stream(steps, fragments, dict(stream.containers), encoded, {**stream.stacked, **found})
 
 
-def unstack_stream(stream: Stream, paths: Iterable[str]) -> Stream:
+def full_stacks(stream: Stream, paths: Iterable[str]) -> Stream:
     """``stream`` with the stacked columns ``paths`` rebuilt as full stacks (their head columns dropped)."""
     paths = [p for p in paths if p in stream.stacked]
     if not paths:

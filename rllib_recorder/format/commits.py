@@ -1,4 +1,6 @@
-"""The commit record: which rows count as stored, what a file holds past it, and copies that keep only committed rows."""
+"""The commit record: which rows count as stored, what a file holds past it, and copies that keep only committed
+rows.
+"""
 
 from __future__ import annotations
 
@@ -159,7 +161,7 @@ def _temporary(tmp: str) -> Iterator[None]:
         raise
 
 
-def chunk_bytes(h5: h5py.File) -> int:
+def datasets_bytes(h5: h5py.File) -> int:
     """Bytes the datasets' chunks take (for variable-length columns only the heap references)."""
     sizes: list[int] = []
     h5.visititems(lambda _, o: sizes.append(o.id.get_storage_size()) if isinstance(o, h5py.Dataset) else None)

@@ -6,7 +6,7 @@ import h5py
 import numpy as np
 
 from rllib_recorder.errors import SchemaError
-from rllib_recorder.format.codecs import (
+from rllib_recorder.format.frames import (
     HEAD_PREFIX,
     decode_codes,
     unstack_frames,

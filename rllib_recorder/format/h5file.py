@@ -1,4 +1,6 @@
-"""Opening a worker file: without HDF5's locks where a writer opens it, checked for format and version, damage as one line."""
+"""Opening a worker file: without HDF5's locks where a writer opens it, checked for format and version, damage as one
+line.
+"""
 
 from __future__ import annotations
 

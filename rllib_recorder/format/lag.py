@@ -1,4 +1,4 @@
-"""Policy lag and the three rates (produced, stored, consumed): pure numpy over the stored indexes."""
+"""Policy lag: how far behind the learner each stored step's behaviour policy was, and its summaries."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 UNKNOWN = -1
+
 PERCENTILES = (50, 90, 99)
 
 
@@ -61,40 +62,3 @@ def lag_summary(counts: dict[int, int]) -> dict[str, Any]:
 def count_lags(lags: np.ndarray) -> dict[int, int]:
     values, counts = np.unique(np.asarray(lags, np.int64), return_counts=True)
     return dict(zip(values.tolist(), counts.tolist()))
-
-
-def stored_rates(batches: list[dict[str, np.ndarray]], steps_sampled: int | None = None) -> dict[str, Any]:
-    """Produced and stored env steps per second from batch indexes (all files of a run).
-
-    Produced: steps over the span of their sampling times; stored: the same steps over the span
-    from the first sampling to the last commit. Writers that keep up give nearly equal rates and a
-    small write delay (``written_at_s - sampled_at_s``). ``steps_sampled`` (RLlib's count, from the
-    manifest) also counts steps sampled but never stored.
-    """
-    sampled = np.concatenate([b["sampled_at_s"] for b in batches if len(b.get("seq", ()))] or [np.zeros(0)])
-    written = np.concatenate([b["written_at_s"] for b in batches if len(b.get("seq", ()))] or [np.zeros(0)])
-    steps = int(sum(int(b["env_steps"].sum()) for b in batches if len(b.get("seq", ()))))
-    if len(sampled) < 2:
-        return {"produced_steps_per_s": None, "stored_steps_per_s": None, "write_delay_s_p50": None,
-                "write_delay_s_max": None}
-    start = float(sampled.min())
-    produced = steps_sampled if steps_sampled else steps
-    sample_span, store_span = float(sampled.max()) - start, float(written.max()) - start
-    delay = written - sampled
-    return {
-        "produced_steps_per_s": produced / sample_span if sample_span > 0 else None,
-        "stored_steps_per_s": steps / store_span if store_span > 0 else None,
-        "write_delay_s_p50": float(np.median(delay)), "write_delay_s_max": float(delay.max()),
-    }
-
-
-def interval_rates(before: tuple[float, int, int, int] | None, now: tuple[float, int, int, int]) -> dict[str, float]:
-    """Produced, stored and consumed steps per second between two (time, produced, stored, consumed) readings."""
-    if before is None or now[0] <= before[0]:
-        return {}
-    dt = now[0] - before[0]
-    return {
-        "produced_steps_per_s": (now[1] - before[1]) / dt,
-        "stored_steps_per_s": (now[2] - before[2]) / dt,
-        "consumed_steps_per_s": (now[3] - before[3]) / dt,
-    }

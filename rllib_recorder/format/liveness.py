@@ -14,7 +14,7 @@ import socket
 import time
 from typing import Any
 
-from rllib_recorder.format.spool import SPOOL_DIR
+from rllib_recorder.format.spool_files import SPOOL_DIR
 
 HEARTBEAT_NAME = ".heartbeat"
 # A writer touches its heartbeats every second while it runs; older than this, it is taken for dead.

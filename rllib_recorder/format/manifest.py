@@ -84,7 +84,7 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-# A file name a run may list: what schema.file_name makes, and nothing that could leave the run directory.
+# A file name a run may list: what layout.file_name makes, and nothing that could leave the run directory.
 FILE_NAME = re.compile(r"(eval-)?worker-[0-9]{3,9}(\.node[0-9]{1,6})?\.h5")
 # A run directory's name inside an experiment directory: one plain path component.
 RUN_DIR_NAME = re.compile(r"(?!\.\.?$)[^/\\\x00]{1,255}")

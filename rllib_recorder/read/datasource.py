@@ -8,15 +8,14 @@ import numpy as np
 from ray.data import Datasource
 
 from rllib_recorder.format import decode
+from rllib_recorder.read.worker_file import WorkerFile
 
 if TYPE_CHECKING:
-    from rllib_recorder.read.reader import Run
+    from rllib_recorder.read.run import Run
 
 
 def read_step_rows(path: str, agent: str, start: int, stop: int) -> dict[str, np.ndarray]:
     """Rows ``[start, stop)`` of one agent's steps in one worker file, flat columns (``obs/pos``) plus ids."""
-    from rllib_recorder.read.reader import WorkerFile
-
     f = WorkerFile(path)
     try:
         columns = {p: f.column(agent, p, slice(start, stop)) for p in f.column_paths(agent)}
@@ -35,7 +34,7 @@ class RecordedStepsDatasource(Datasource):
     def __init__(self, run: "Run", rows_per_task: int, evaluation: bool | None) -> None:
         super().__init__()
         self.ranges = []  # (path, agent, start, stop, bytes per row)
-        for f in run._files(evaluation):
+        for f in run.files_of(evaluation):
             for agent in f.agents:
                 total = f.num_rows(agent)
                 steps = f.h5[f"agents/{agent}/steps"]

@@ -1,1 +1,3 @@
-"""What runs inside an RLlib env runner: conversion of what sample() returned, start states, the hand-off to the spool."""
+"""What runs inside an RLlib env runner: conversion of what sample() returned, start states, the hand-off to the
+spool.
+"""

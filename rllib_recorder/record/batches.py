@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from rllib_recorder.format.chunks import DEFAULT_AGENT, EPS_ID_DTYPE, Chunk, Stream, encode_stream
+from rllib_recorder.format.chunks import DEFAULT_AGENT, EPS_ID_DTYPE, Chunk, Stream, uint8_stream
 from rllib_recorder.record.convert import ConvertOptions, flatten_value, fragment_columns, infos_to_json
 
 # SampleBatch columns with a fixed place in the schema; every other per-row column
@@ -41,7 +41,7 @@ def batch_to_chunk(
         if len(policy_batch["rewards"])
     }
     if options.encode_images:
-        streams = {key: encode_stream(stream) for key, stream in streams.items()}
+        streams = {key: uint8_stream(stream) for key, stream in streams.items()}
     return Chunk(streams=streams, env_steps=env_steps, sampled_at_s=sampled_at_s)
 
 

@@ -15,8 +15,8 @@ from rllib_recorder.format.chunks import (
     Chunk,
     Stream,
     concat_streams,
-    encode_stream,
-    stack_frames,
+    newest_frames,
+    uint8_stream,
 )
 
 # Where on_episode_start leaves (kind, bytes) of the env's start state in ``episode.custom_data``.
@@ -31,7 +31,7 @@ class ConvertOptions:
     record_extra_model_outputs: bool = True
     # Send exact-uint8 float32 images as uint8 codes, encoded per episode before anything is concatenated.
     encode_images: bool = False
-    # Send frame-stacked observations as their newest frames (``stack_frames``), per episode.
+    # Send frame-stacked observations as their newest frames (``newest_frames``), per episode.
     stack_frames: bool = False
 
 
@@ -173,8 +173,8 @@ def _episodes_stream(items: Sequence[tuple[Any, str, Any]], options: ConvertOpti
             for path, column in obs_cols.items()
         }
         part = Stream(steps=steps, fragments=last)
-        part = encode_stream(part) if options.encode_images else part
-        parts.append(stack_frames(part, [n]) if options.stack_frames else part)
+        part = uint8_stream(part) if options.encode_images else part
+        parts.append(newest_frames(part, [n]) if options.stack_frames else part)
         lengths.append(n)
         t_starts.append(episode.t_started)
         terminated.append(bool(episode.is_terminated))

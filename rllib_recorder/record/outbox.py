@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from rllib_recorder.errors import ConversionError
-from rllib_recorder.format.chunks import Chunk, encode_images
-from rllib_recorder.format.spool import KIND_CHUNK, KIND_END, KIND_STATS, SegmentWriter, encode_record
-from rllib_recorder.read.accounting import not_stored_by_sender
+from rllib_recorder.format.chunks import Chunk, uint8_chunk
+from rllib_recorder.format.counters import not_stored_by_sender
+from rllib_recorder.format.spool import KIND_CHUNK, KIND_END, KIND_STATS, encode_record
+from rllib_recorder.format.spool_files import SegmentWriter
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ class Outbox:
         """Writes one sample's chunk into the spool (after waiting for room if the backlog is full)."""
         self.stats.samples += 1
         try:
-            chunk = encode_images(chunk) if self.encode else chunk
+            chunk = uint8_chunk(chunk) if self.encode else chunk
         except Exception as e:  # noqa: BLE001 - a column that can't be encoded is counted, never raised
             self._count_failed(chunk, e)
             return

@@ -1,4 +1,4 @@
-"""The env-runner side: one RunnerRecorder per env runner, bound to its run's writers by the driver."""
+"""The env-runner side: one EnvRunnerRecorder per env runner, bound to its run's writers by the driver."""
 
 from __future__ import annotations
 
@@ -11,27 +11,28 @@ from collections import Counter
 from typing import Any
 
 from rllib_recorder.format.chunks import Chunk
-from rllib_recorder.format.spool import SPOOL_DIR, SegmentWriter
+from rllib_recorder.format.liveness import HEARTBEAT_NAME
+from rllib_recorder.format.spool_files import SPOOL_DIR, SegmentWriter
 from rllib_recorder.record.batches import batch_to_chunk
+from rllib_recorder.record.binding import Binding, assign_writer, current_node_id
 from rllib_recorder.record.convert import START_STATE_KEY, ConvertOptions, episodes_to_chunk
 from rllib_recorder.record.envstate import plan_of, sub_envs
 from rllib_recorder.record.outbox import Outbox, heartbeat_age_s
-from rllib_recorder.service.ingest import HEARTBEAT_NAME
-from rllib_recorder.service.pool import Binding
 
 logger = logging.getLogger(__name__)
 
 # One recorder per env runner object; a restarted runner is a new object (and process).
-_RECORDERS: "weakref.WeakKeyDictionary[Any, RunnerRecorder]" = weakref.WeakKeyDictionary()
+_RECORDERS: "weakref.WeakKeyDictionary[Any, EnvRunnerRecorder]" = weakref.WeakKeyDictionary()
+
 # Samples held while a runner is not bound yet (it normally is before its first sample).
 MAX_UNBOUND_CHUNKS = 64
 
 
-def recorder_for(env_runner: Any) -> "RunnerRecorder":
+def recorder_for(env_runner: Any) -> "EnvRunnerRecorder":
     """The recorder of ``env_runner`` (created on first use)."""
     recorder = _RECORDERS.get(env_runner)
     if recorder is None:
-        recorder = RunnerRecorder(
+        recorder = EnvRunnerRecorder(
             worker_index=int(getattr(env_runner, "worker_index", 0) or 0),
             is_evaluation=bool(getattr(env_runner.config, "in_evaluation", False)),
         )
@@ -48,8 +49,6 @@ def bind_env_runner(env_runner: Any, binding: Binding) -> dict[str, Any]:
 
 def runner_node_id(env_runner: Any) -> str:
     """Run on each env runner by the driver: the Ray node it runs on."""
-    from rllib_recorder.service.pool import current_node_id
-
     return current_node_id()
 
 
@@ -75,7 +74,7 @@ class StartStates:
 
     def __init__(self) -> None:
         self._runner: Any = None
-        self._recorder: RunnerRecorder | None = None
+        self._recorder: EnvRunnerRecorder | None = None
         self._vector_env: Any = None
         self._envs: Any = None
         self._plans: list[Any] = []  # per sub-env: its plan, None (not planned yet) or False (not supported)
@@ -101,7 +100,7 @@ class StartStates:
             episode.custom_data[START_STATE_KEY] = captured
 
 
-class RunnerRecorder:
+class EnvRunnerRecorder:
     """Counts, converts and hands each sample of one env runner to its spool; never touches HDF5."""
 
     def __init__(self, worker_index: int, is_evaluation: bool) -> None:
@@ -125,8 +124,6 @@ class RunnerRecorder:
     def bind(self, binding: Binding) -> None:
         if self.binding is not None and self.binding.run_id == binding.run_id and self.outbox is not None:
             return
-        from rllib_recorder.service.pool import current_node_id
-
         config = binding.config
         self.binding = binding
         self.options = ConvertOptions(config.record_infos, config.record_extra_model_outputs, config.encode_uint8,
@@ -204,8 +201,6 @@ class RunnerRecorder:
 
     def writer_name(self) -> str | None:
         """The name of the writer actor that owns this runner's file (None while unbound)."""
-        from rllib_recorder.service.pool import assign_writer, current_node_id
-
         if self.binding is None:
             return None
         names = self.binding.node_writers.get(current_node_id(), ())

@@ -1,1 +1,3 @@
-"""The driver side and its actors: the run's lifecycle, the writer pool and writers, learner hooks, metrics, recovery."""
+"""The driver side and its actors: the run's lifecycle, the writer pool and writers, learner hooks, metrics,
+recovery.
+"""

@@ -12,68 +12,28 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from rllib_recorder.errors import SchemaError, WriterError
 from rllib_recorder.format.chunks import Chunk, merge_chunks
-from rllib_recorder.format.liveness import HEARTBEAT_NAME, heartbeat_owner
-from rllib_recorder.format.spool import (
-    KIND_CHUNK,
-    KIND_END,
-    SPOOL_DIR,
-    Record,
-    parse_stem,
-    read_record,
-    segment_name,
-    segments_of,
-    sender_dirs,
-)
+from rllib_recorder.format.spool import KIND_CHUNK, KIND_END, Record
+from rllib_recorder.format.spool_files import SPOOL_DIR, parse_stem, sender_dirs
+from rllib_recorder.service.spool_reader import SenderSpool, rmdir_if_empty, touch_heartbeats
 
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_EVERY_S = 1.0
+
 RETRY_AFTER_S = 5.0
-
-
-@dataclass
-class _Sender:
-    """Where the writer stands in one sender's spool."""
-
-    stem: str
-    sender: str
-    directory: str
-    key: tuple[int, bool]
-    segment: int | None = None  # segment being read
-    offset: int = 0
-    fd: int | None = None
-    committed: tuple[int, int] = (-1, 0)  # (segment, offset) up to which every record is committed
-    stats: dict[str, Any] = field(default_factory=dict)
-    ended: bool = False
-    retry_at_s: float = 0.0
-    failing: str | None = None  # why the last commit failed (None once one succeeds)
-    refused_steps: int = 0  # env steps of chunks a writer can never store (their data is refused)
-    refused_error: str | None = None
-    damaged: str | None = None
-
-    @property
-    def read(self) -> tuple[int, int]:
-        """(segment, offset) up to which records were read."""
-        return (-1, 0) if self.segment is None else (self.segment, self.offset)
-
-    @property
-    def settled(self) -> bool:
-        """Every complete record read is committed, and nothing failed or was damaged."""
-        return self.damaged is None and self.failing is None and self.committed >= self.read
 
 
 @dataclass
 class _Buffer:
     """Chunks of one file waiting to be committed together: one sender, one set of policy versions."""
 
-    sender: _Sender
+    sender: SenderSpool
     records: list[Record] = field(default_factory=list)
     ends: list[tuple[int, int]] = field(default_factory=list)  # position after each record
     rows: int = 0
@@ -107,7 +67,7 @@ class Ingest:
         self.coalesce_bytes = coalesce_bytes
         self.tick_s = tick_s
         self.clock = clock
-        self.senders: dict[tuple[str, str], _Sender] = {}
+        self.senders: dict[tuple[str, str], SenderSpool] = {}
         self.buffers: dict[tuple[int, bool], _Buffer] = {}
         self.errors = 0
         self.last_error: str | None = None
@@ -126,7 +86,8 @@ class Ingest:
                 committed += self._commit(key)
         self._collect()
         if now - self._heartbeat_at >= HEARTBEAT_EVERY_S:
-            self._heartbeat(now)
+            self._heartbeat_at = now
+            touch_heartbeats(self.root, {s.stem for s in self.senders.values()}, now)
         return committed
 
     def pending(self) -> dict[str, int]:
@@ -152,16 +113,15 @@ class Ingest:
         """At the end of the run: deletes every sender spool whose records are all committed."""
         for key, sender in list(self.senders.items()):
             if sender.settled:
-                self._close_fd(sender)
-                shutil.rmtree(sender.directory, ignore_errors=True)
+                sender.remove()
                 del self.senders[key]
         for stem in os.listdir(self.root) if os.path.isdir(self.root) else []:
-            _rmdir_if_empty(os.path.join(self.root, stem))
-        _rmdir_if_empty(self.root)
+            rmdir_if_empty(os.path.join(self.root, stem))
+        rmdir_if_empty(self.root)
 
     def close(self) -> None:
         for sender in self.senders.values():
-            self._close_fd(sender)
+            sender.close()
 
     # -- reading
 
@@ -170,13 +130,13 @@ class Ingest:
             if (stem, sender_id) in self.senders or not self.owns(stem):
                 continue
             worker_index, is_evaluation, _ = parse_stem(stem)  # type: ignore[misc]
-            self.senders[stem, sender_id] = _Sender(stem, sender_id, directory, (worker_index, is_evaluation))
+            self.senders[stem, sender_id] = SenderSpool(stem, sender_id, directory, (worker_index, is_evaluation))
 
-    def _read(self, sender: _Sender, now: float, final: bool) -> int:
+    def _read(self, sender: SenderSpool, now: float, final: bool) -> int:
         committed = 0
         while True:
             try:
-                record = self._next_record(sender)
+                record = sender.next_record(lambda: self._nothing_buffered(sender))
             except (SchemaError, OSError) as e:
                 self._damaged(sender, e)
                 return committed
@@ -186,39 +146,9 @@ class Ingest:
             if sender.retry_at_s > now:  # a commit failed: the records stay in the spool until the retry
                 return committed
 
-    def _next_record(self, sender: _Sender) -> Record | None:
-        while True:
-            if sender.fd is None and not self._open_next(sender):
-                return None
-            size = os.fstat(sender.fd).st_size
-            where = os.path.join(sender.directory, segment_name(sender.segment))
-            record = read_record(sender.fd, sender.offset, size, where)
-            if record is not None:
-                sender.offset = record.end
-                return record
-            later = [i for i in segments_of(sender.directory) if i > sender.segment]
-            if not later:
-                return None  # the sender is still writing this segment (or died after its last record)
-            # the runner moved on: this segment is complete (a torn tail it left on a failed write is skipped)
-            if self._nothing_buffered(sender):  # what is read and not buffered is committed
-                sender.committed = max(sender.committed, (later[0], 0))
-            self._close_fd(sender)
-            sender.segment, sender.offset = later[0], 0
 
-    def _open_next(self, sender: _Sender) -> bool:
-        if sender.segment is None:
-            segments = segments_of(sender.directory)
-            if not segments:
-                return False
-            sender.segment, sender.offset = segments[0], 0
-            sender.committed = (segments[0], 0)
-        try:
-            sender.fd = os.open(os.path.join(sender.directory, segment_name(sender.segment)), os.O_RDONLY)
-        except FileNotFoundError:
-            return False
-        return True
 
-    def _take(self, sender: _Sender, record: Record, now: float) -> int:
+    def _take(self, sender: SenderSpool, record: Record, now: float) -> int:
         """Buffers a chunk record (or notes counters); returns rows committed to make room for it."""
         position = (sender.segment, record.end)
         if record.meta.get("stats"):
@@ -252,7 +182,7 @@ class Ingest:
             committed += self._commit(sender.key)
         return committed
 
-    def _nothing_buffered(self, sender: _Sender) -> bool:
+    def _nothing_buffered(self, sender: SenderSpool) -> bool:
         buffer = self.buffers.get(sender.key)
         return buffer is None or buffer.sender is not sender
 
@@ -279,7 +209,7 @@ class Ingest:
         sender.failing = None
         return rows
 
-    def _store(self, key: tuple[int, bool], sender: _Sender, records: list[Record]) -> int:
+    def _store(self, key: tuple[int, bool], sender: SenderSpool, records: list[Record]) -> int:
         chunk: Chunk = merge_chunks([r.chunk for r in records if r.chunk is not None])
         self.commit_chunk(key[0], key[1], sender.sender.encode(), records[0].seq, chunk,
                           {**(records[-1].meta.get("stats") or sender.stats), **self._refusals(sender)})
@@ -300,7 +230,7 @@ class Ingest:
         sender.failing = None
         return rows
 
-    def _refuse(self, sender: _Sender, record: Record, error: Exception) -> None:
+    def _refuse(self, sender: SenderSpool, record: Record, error: Exception) -> None:
         """Counts a chunk (buffered records all hold one) whose data the writer can never store."""
         sender.refused_steps += record.chunk.env_steps
         sender.refused_error = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:300]}"
@@ -313,25 +243,25 @@ class Ingest:
         self.report(sender.key, self._sender_stats(sender))
 
     @staticmethod
-    def _refusals(sender: _Sender) -> dict[str, Any]:
+    def _refusals(sender: SenderSpool) -> dict[str, Any]:
         return {"env_steps_refused": sender.refused_steps, "refused_error": sender.refused_error} \
             if sender.refused_steps else {}
 
-    def _sender_stats(self, sender: _Sender) -> dict[str, Any]:
+    def _sender_stats(self, sender: SenderSpool) -> dict[str, Any]:
         return {**sender.stats, **self._refusals(sender)}
 
-    def _retry_later(self, sender: _Sender, error: Exception) -> None:
+    def _retry_later(self, sender: SenderSpool, error: Exception) -> None:
         first = sender.failing is None
         self.last_error = sender.failing = f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:300]}"
         self.errors += first  # one error per sender that starts failing, not one per retry
         if first:
             logger.error("rllib_recorder: committing %s's samples failed (%s); they stay in the spool and are "
                          "tried again every %.0f s", sender.stem, self.last_error, RETRY_AFTER_S)
-        self._close_fd(sender)
+        sender.close()
         sender.segment, sender.offset = sender.committed if sender.committed[0] >= 0 else (None, 0)
         sender.retry_at_s = self.clock() + RETRY_AFTER_S
 
-    def _damaged(self, sender: _Sender, error: Exception) -> None:
+    def _damaged(self, sender: SenderSpool, error: Exception) -> None:
         """A record that is not one: stop reading this sender (what is before it was committed)."""
         if not self._nothing_buffered(sender):  # the records before the damage are sound
             self._commit(sender.key)
@@ -347,43 +277,11 @@ class Ingest:
         for key, sender in list(self.senders.items()):
             if sender.damaged:
                 continue
-            done_segment, _ = sender.committed
-            if sender.ended and sender.committed >= self._end_of(sender):
-                self._close_fd(sender)
-                shutil.rmtree(sender.directory, ignore_errors=True)
+            if sender.ended and sender.committed >= sender.end():
+                sender.remove()
                 del self.senders[key]
                 continue
-            for index in segments_of(sender.directory):
-                if index < done_segment:
-                    _remove(os.path.join(sender.directory, segment_name(index)))
-
-    def _end_of(self, sender: _Sender) -> tuple[int, int]:
-        segments = segments_of(sender.directory)
-        if not segments:
-            return (-1, 0)
-        last = os.path.join(sender.directory, segment_name(segments[-1]))
-        try:
-            return (segments[-1], os.path.getsize(last))
-        except OSError:
-            return (segments[-1], 0)
-
-    def _heartbeat(self, now: float) -> None:
-        self._heartbeat_at = now
-        for stem in {s.stem for s in self.senders.values()}:
-            path = os.path.join(self.root, stem, HEARTBEAT_NAME)
-            try:
-                with open(path, "a") as f:
-                    if f.tell() == 0:  # who the writer is, for recover's liveness check
-                        f.write(heartbeat_owner())
-                os.utime(path, (now, now))
-            except OSError:  # the runner then waits at most drain_timeout_s
-                pass
-
-    @staticmethod
-    def _close_fd(sender: _Sender) -> None:
-        if sender.fd is not None:
-            os.close(sender.fd)
-            sender.fd = None
+            sender.remove_committed_segments()
 
 
 def _transient(error: Exception) -> bool:
@@ -398,26 +296,3 @@ def _versions(chunk: Chunk) -> tuple[int, ...]:
         return ()
     low, high = int(versions.min()), int(versions.max())
     return (low,) if low == high else tuple(sorted(set(versions.tolist())))
-
-
-def _rmdir_if_empty(path: str) -> None:
-    try:
-        heartbeat = os.path.join(path, HEARTBEAT_NAME)
-        if os.path.isdir(path) and set(os.listdir(path)) <= {HEARTBEAT_NAME}:
-            _remove(heartbeat)
-            os.rmdir(path)
-    except OSError:
-        pass
-
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
-
-
-def spool_leftovers(run_dir: str) -> list[str]:
-    """Sender spools still in a run directory (``stem/sender``): samples handed over but never committed."""
-    return [f"{stem}/{sender}" for stem, sender, _ in sender_dirs(run_dir)]
-

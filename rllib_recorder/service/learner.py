@@ -15,6 +15,13 @@ import logging
 import time
 from typing import Any, Callable
 
+from rllib_recorder._rllib_compat import (
+    after_learner_update,
+    before_learner_group_update,
+    learner_group_dropped_steps,
+    learner_weights_seq_no,
+)
+
 logger = logging.getLogger(__name__)
 
 _HOOKED = "_rllib_recorder_run_id"
@@ -22,8 +29,7 @@ _HOOKED = "_rllib_recorder_run_id"
 
 def learner_version(learner: Any) -> int | None:
     """The learner's ``weights_seq_no``: the number of updates it has run (RLlib keeps it private)."""
-    version = getattr(learner, "_weights_seq_no", None)
-    return None if version is None else int(version)
+    return learner_weights_seq_no(learner)
 
 
 class VersionReporter:
@@ -62,16 +68,8 @@ def hook_learner(learner: Any, run_id: str, writer_actors: list[Any]) -> int | N
         learner._rllib_recorder_reporter.report(learner_version(learner))
         return learner_version(learner)
     reporter = VersionReporter(writer_actors)
-    original = getattr(learner, "_rllib_recorder_original_after_update", learner.after_gradient_based_update)
-
-    def after_gradient_based_update(*args: Any, **kwargs: Any) -> Any:
-        result = original(*args, **kwargs)
-        reporter.report(learner_version(learner))
-        return result
-
-    learner._rllib_recorder_original_after_update = original
+    after_learner_update(learner, lambda: reporter.report(learner_version(learner)))
     learner._rllib_recorder_reporter = reporter
-    learner.after_gradient_based_update = after_gradient_based_update
     setattr(learner, _HOOKED, run_id)
     reporter.report(learner_version(learner))
     return learner_version(learner)
@@ -124,20 +122,17 @@ class ConsumedSteps:
         self.env_steps = start
         self.learner_group = learner_group
         self.config = config
-        self._dropped_at_start = float(getattr(learner_group, "_ts_dropped", 0) or 0)
-        original = learner_group.update
-
-        def update(*args: Any, **kwargs: Any) -> Any:
-            self.env_steps += self.count(kwargs)
-            return original(*args, **kwargs)
-
-        learner_group.update = update
+        self._dropped_at_start = learner_group_dropped_steps(learner_group)
+        before_learner_group_update(learner_group, self._add)
 
     @property
     def total(self) -> int:
         """Env steps handed to the learners so far, less those RLlib dropped."""
-        dropped = float(getattr(self.learner_group, "_ts_dropped", 0) or 0) - self._dropped_at_start
+        dropped = learner_group_dropped_steps(self.learner_group) - self._dropped_at_start
         return max(0, int(self.env_steps - dropped))
+
+    def _add(self, kwargs: dict[str, Any]) -> None:
+        self.env_steps += self.count(kwargs)
 
     def count(self, kwargs: dict[str, Any]) -> int:
         data = kwargs.get("training_data")

@@ -17,12 +17,13 @@ and ``rllib-recorder recover`` commits it.
 from __future__ import annotations
 
 import atexit
-import functools
 import logging
 import signal
 import sys
 import threading
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
+
+from rllib_recorder._rllib_compat import wrap_method
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +35,9 @@ class Closable(Protocol):
 
 
 _LIVE: dict[str, Closable] = {}
+
 _state: dict[str, Any] = {"installed": False, "why": None}
+
 _lock = threading.RLock()
 
 
@@ -101,12 +104,11 @@ def _install() -> None:
                 sys.exit(128 + signum)
 
         signal.signal(signal.SIGTERM, on_sigterm)
-    original_shutdown = ray.shutdown
+    def close_first(original_shutdown: Callable[..., Any]) -> Callable[..., Any]:
+        def shutdown(*args: Any, **kwargs: Any) -> Any:
+            if open_runs():
+                close_all("ray.shutdown() before algo.stop()", interrupted=_state["why"] is not None)
+            return original_shutdown(*args, **kwargs)
+        return shutdown
 
-    @functools.wraps(original_shutdown)
-    def shutdown(*args: Any, **kwargs: Any) -> Any:
-        if open_runs():
-            close_all("ray.shutdown() before algo.stop()", interrupted=_state["why"] is not None)
-        return original_shutdown(*args, **kwargs)
-
-    ray.shutdown = shutdown
+    wrap_method(ray, "shutdown", close_first)

@@ -7,7 +7,6 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import ray
@@ -17,21 +16,18 @@ from rllib_recorder.config import RecorderConfig
 from rllib_recorder.format import datasets, layout
 from rllib_recorder.format.chunks import Chunk
 from rllib_recorder.format.manifest import place_files
-from rllib_recorder.format.spool import parse_stem
+from rllib_recorder.format.spool_files import parse_stem
+from rllib_recorder.record.binding import assign_writer
 from rllib_recorder.service.ingest import Ingest
 from rllib_recorder.service.writer import RecordingWriter
 
 logger = logging.getLogger(__name__)
 
+
 def writer_name(run_id: str, index: int, node_index: int = 0, attempt: int = 0) -> str:
     """The Ray actor name of writer ``index`` on node ``node_index`` (0: the driver's node) of run ``run_id``
     (attempt ``attempt`` of it: a Tune trial restarted or restored records on into the same run)."""
     return f"rllib_recorder:{run_id}:{attempt}:node-{node_index}:writer-{index}"
-
-
-def current_node_id() -> str:
-    """The Ray node id of the calling process."""
-    return ray.get_runtime_context().get_node_id()
 
 
 def alive_nodes() -> dict[str, dict[str, str]]:
@@ -43,45 +39,12 @@ def alive_nodes() -> dict[str, dict[str, str]]:
     }
 
 
-def assign_writer(worker_index: int, is_evaluation: bool, num_writers: int) -> int:
-    """The writer that owns env runner ``worker_index``'s file.
-
-    Training runners 1..N go round-robin from writer 0; evaluation runners start
-    half-way round, so that the two kinds spread over the pool.
-    """
-    offset = num_writers // 2 if is_evaluation else 0
-    return (max(worker_index - 1, 0) + offset) % num_writers
-
-
 def storage_options(config: RecorderConfig) -> datasets.StorageOptions:
     return datasets.StorageOptions(
         compression=config.compression, compression_level=config.compression_level,
         hdf5_chunk_bytes=config.hdf5_chunk_bytes, fsync=config.fsync, encode_uint8=config.encode_uint8,
         stack_frames=config.stack_frames,
     )
-
-
-@dataclass(frozen=True)
-class Binding:
-    """What an env runner needs to hand its samples to its run's writers (sent to it by the driver)."""
-
-    run_id: str
-    run_dir: str
-    namespace: str
-    num_writers: int
-    config: RecorderConfig
-    # node id -> names of the writers on that node; the first entry is the driver's node
-    node_writers: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    # node id -> the tag in the names of the files written there ('' on the driver's node)
-    node_tags: dict[str, str] = field(default_factory=dict)
-
-    def stem_for(self, node_id: str, worker_index: int, is_evaluation: bool) -> str | None:
-        """The spool stem (file name without ``.h5``) of env runner ``worker_index`` on ``node_id``; None while
-        that node has no writers yet (the driver starts them before it binds the runner)."""
-        tag = self.node_tags.get(node_id)
-        if tag is None:
-            return None
-        return layout.file_name(worker_index, is_evaluation, tag)[: -len(".h5")]
 
 
 class WriterPool:

@@ -7,12 +7,11 @@ import os
 from typing import Any, Callable
 
 from rllib_recorder.errors import SchemaError
-from rllib_recorder.format import commits, durable, h5file, layout
+from rllib_recorder.format import commits, durable, h5file, layout, probe
 from rllib_recorder.format import repair as h5repair
 from rllib_recorder.format.liveness import recording_now
 from rllib_recorder.format.manifest import now_iso, place_files, read_manifest, write_manifest
-from rllib_recorder.format.spool import sender_dirs
-from rllib_recorder.read import probe
+from rllib_recorder.format.spool_files import sender_dirs
 
 RECOVERED = "recovered"
 
@@ -25,7 +24,7 @@ def commit_spools(run_dir: str, run_id: str, config: Any = None) -> list[dict[st
     continues each file after its last commit and skips every record a file already commits.
     """
     from rllib_recorder.config import RecorderConfig
-    from rllib_recorder.format.spool import parse_stem
+    from rllib_recorder.format.spool_files import parse_stem
     from rllib_recorder.service.pool import SpoolWriter
 
     config = config if config is not None else RecorderConfig()

@@ -16,11 +16,12 @@ from typing import Any
 import h5py
 
 from rllib_recorder.errors import RecorderError, WriterError
-from rllib_recorder.format import append, commits, datasets, durable, layout
+from rllib_recorder.format import append, commits, datasets, durable, layout, open_columns
 from rllib_recorder.format.chunks import Chunk
 from rllib_recorder.format.lag import chunk_learner_version, count_lags, step_lags
 
 logger = logging.getLogger(__name__)
+
 # Learner versions kept for look-ups (APPO reports many per second); the older half goes when full.
 MAX_VERSION_REPORTS = 200_000
 
@@ -43,7 +44,7 @@ class RecordingWriter:
         # (wall time, learner version) as reported by the learners, oldest first, versions increasing.
         self._versions: list[tuple[float, int]] = []
         self._files: dict[tuple[int, bool], h5py.File] = {}
-        self._columns: dict[tuple[int, bool], datasets.OpenColumns] = {}
+        self._columns: dict[tuple[int, bool], open_columns.OpenColumns] = {}
         self._paths: set[str] = set()
         self._rebuilt: set[tuple[int, bool]] = set()
         # per file, per sender id: the first seq not yet committed (seqs number a sender's samples, in order)
@@ -183,7 +184,7 @@ class RecordingWriter:
         return self.stats()
 
     def _data_bytes(self, key: tuple[int, bool], h5: h5py.File) -> int:
-        return commits.chunk_bytes(h5) + self._heap[key]
+        return commits.datasets_bytes(h5) + self._heap[key]
 
     def _maybe_compact(self, key: tuple[int, bool]) -> None:
         """Compacts the file of ``key`` once its dead space outgrows its data; never raises."""
@@ -239,9 +240,9 @@ class RecordingWriter:
                 h5.flush()
                 durable.fsync_dir(self.run_dir)
             self._files[key] = h5
-            self._columns[key] = datasets.OpenColumns(h5)
+            self._columns[key] = open_columns.OpenColumns(h5)
             # Whatever the file holds when opened counts as data (a conservative start).
-            self._heap[key] = max(0, _path_size(path) - commits.chunk_bytes(h5))
+            self._heap[key] = max(0, _path_size(path) - commits.datasets_bytes(h5))
             self._paths.add(os.path.relpath(path, self.run_dir))
             self._committed[key] = commits.committed_upto(h5)
             if key not in self._rebuilt:  # totals survive a writer restart: what the file holds counts

@@ -1,18 +1,15 @@
-"""Read data in the shapes users expect: RLlib episodes and SampleBatches, pandas, Ray Data."""
+"""A stored episode as RLlib's SingleAgentEpisode or SampleBatch."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rllib_recorder.errors import ConversionError, ExportError
+from rllib_recorder.errors import ConversionError
 
 if TYPE_CHECKING:
-    from rllib_recorder.read.reader import Episode, Run, WorkerFile  # noqa: F401
-
-# Step columns with one number per row: what a DataFrame holds.
-SCALAR_COLUMNS = ("eps_id", "t", "rewards", "terminateds", "truncateds", "weights_seq_no")
+    from rllib_recorder.read.records import Episode
 
 
 def unbatch(value: Any, i: int) -> Any:
@@ -64,32 +61,6 @@ def to_sample_batch(episode: "Episode") -> Any:
     return SampleBatch(columns)
 
 
-def to_dataframe(files: Iterable["WorkerFile"]) -> Any:
-    """One row per step: worker, agent, the scalar step columns (actions too when they are scalars), policy lag."""
-    pd = require_extra("pandas")
-    frames = []
-    for f in files:
-        for agent in f.agents:
-            rows = slice(0, f.num_rows(agent))
-            data = {"worker_index": f.worker_index, "is_evaluation": f.is_evaluation, "agent_id": agent}
-            for path in SCALAR_COLUMNS + ("actions",):
-                value = f.column(agent, path, rows) if path in f.h5[f"agents/{agent}/steps"] else None
-                if isinstance(value, np.ndarray) and value.ndim == 1:
-                    data[path] = value.astype(str) if path == "eps_id" else value
-            data["policy_lag"] = f.policy_lag(agent)
-            frames.append(pd.DataFrame(data, index=pd.RangeIndex(f.num_rows(agent))))
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-
-
-def to_ray_dataset(run: "Run", *, rows_per_task: int, evaluation: bool | None) -> Any:
-    """A ``ray.data.Dataset`` of steps read by one task per (file, agent, row range)."""
-    import ray.data
-
-    from rllib_recorder.read.datasource import RecordedStepsDatasource
-
-    return ray.data.read_datasource(RecordedStepsDatasource(run, rows_per_task, evaluation))
-
-
 def _num_rows(value: Any) -> int:
     while isinstance(value, (dict, tuple)):
         value = next(iter(value.values())) if isinstance(value, dict) else value[0]
@@ -102,12 +73,3 @@ def _slice(value: Any, start: int, stop: int) -> Any:
     if isinstance(value, tuple):
         return tuple(_slice(v, start, stop) for v in value)
     return value[start:stop]
-
-
-def require_extra(module: str) -> Any:
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise ExportError(f"{module} is not installed; pip install 'rllib-recorder[export]'") from None

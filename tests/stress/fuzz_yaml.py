@@ -7,7 +7,7 @@ tripwires on os.system, subprocess.Popen and friends. A violation is any other e
 one line, a file written, the sentinel module (named in env:/config:, never in register:) imported, or a
 tripwire called. Prints the counts, and every violation with the seed and example number that reproduce it.
 
-    python scripts/fuzz_yaml.py --examples 3000 --seed 0
+    python tests/stress/fuzz_yaml.py --examples 3000 --seed 0
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import tempfile
 import warnings
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from tests import hostile_yaml  # noqa: E402 - the generator the test uses
 

@@ -1,6 +1,6 @@
 """Soak: record PPO CartPole with 2 env runners for a long time; sample runner and writer memory; verify at the end.
 
-Usage: python scripts/soak.py --minutes 60 --out soak-out   (not part of CI; run it on a quiet machine)
+Usage: python tests/stress/soak.py --minutes 60 --out soak-out   (not part of CI; run it on a quiet machine)
 Prints one line per sample and writes soak-out/soak.json with every sample and the verdict.
 """
 
@@ -36,7 +36,7 @@ def main() -> None:
     from ray.rllib.algorithms.ppo import PPOConfig
 
     from rllib_recorder import RecorderCallback
-    from rllib_recorder.commands.info import verify_run
+    from rllib_recorder.commands.verify import verify_run
     from rllib_recorder.service.pool import writer_name
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)

@@ -7,8 +7,8 @@ value. The first damaged commit ends the variant's run. Rows encode their own in
 is hash noise, so compressed chunk sizes vary and HDF5 rewrites tail chunks at new sizes (the case that
 matters).
 
-    python scripts/killloop.py --kills 300 --file-space none fsm
-    python scripts/killloop.py --space          # no kills: file size (peak, final) per strategy and append size
+    python tests/stress/killloop.py --kills 300 --file-space none fsm
+    python tests/stress/killloop.py --space          # no kills: file size (peak, final) per strategy and append size
 
 Not a test: it runs for minutes and its answer is statistical. Results go in docs/RELIABILITY.md.
 """
@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from rllib_recorder.errors import RecorderError  # noqa: E402
 from rllib_recorder.format import append, commits, datasets, layout  # noqa: E402
@@ -152,7 +152,7 @@ def _sum_storage(path: str) -> int:
     import h5py
 
     with h5py.File(path, "r") as h5:
-        return commits.chunk_bytes(h5)
+        return commits.datasets_bytes(h5)
 
 
 def space(file_space: str, rows: int, total_rows: int = 100_000) -> dict:

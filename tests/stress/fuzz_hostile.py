@@ -7,7 +7,7 @@ recorded run. Each example copies RUN_DIR, changes its manifest (or its experime
 '..' or absolute paths, envs naming subprocess/os/a sentinel module, env_configs spelling shell commands), runs
 one real command in-process and checks it. Prints the counts per command and every violation.
 
-    python scripts/fuzz_hostile.py recordings/<run> --examples 3000 --seed 1
+    python tests/stress/fuzz_hostile.py recordings/<run> --examples 3000 --seed 1
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from tests import hostile  # noqa: E402
 

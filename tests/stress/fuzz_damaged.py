@@ -5,7 +5,7 @@ copies RUN_DIR, damages its first worker file (flipped bits, zeroed ranges, trun
 ``info``, ``verify``, ``recover``, ``verify`` in-process and checks: exit code 0/1/2, no traceback, exit 2 only with
 one ``error: ...`` line. Prints the counts, and every violation with what reproduces it.
 
-    python scripts/fuzz_damaged.py recordings/<run> --examples 2000 --seed 11
+    python tests/stress/fuzz_damaged.py recordings/<run> --examples 2000 --seed 11
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from tests import helpers  # noqa: E402 - the damaged-file test's mutations
 

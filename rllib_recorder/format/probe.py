@@ -29,6 +29,7 @@ from typing import Any, Iterable
 from rllib_recorder.errors import SchemaError
 
 DEFAULT_TIMEOUT_S = 30.0
+
 _passed: dict[str, tuple[int, int, int]] = {}
 
 
@@ -116,7 +117,7 @@ class _Prober:
     def _started(self) -> subprocess.Popen:
         if self.proc is None or self.proc.poll() is not None:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", "from rllib_recorder.read.probe import _main; _main()"],
+                [sys.executable, "-c", "from rllib_recorder.format.probe import _main; _main()"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                 env={**os.environ, "RLLIB_RECORDER_PROBE": "0"})
             assert self.proc.stdout is not None
@@ -203,7 +204,7 @@ def walk(path: str) -> None:
             elif isinstance(child, h5py.Dataset):
                 attempt(dataset, name, child, commit)
 
-    with h5py.File(path, "r", locking=False) as h5:  # as schema.open_h5 (this child imports little)
+    with h5py.File(path, "r", locking=False) as h5:  # as h5file.open_h5 (this child imports little)
         attrs = dict(h5.attrs)
         commit = json.loads(attrs["commit"]) if "commit" in attrs else {"batches": 0, "agents": {}}
         group("", h5, commit)

@@ -17,8 +17,8 @@ so the default ``coalesce_s=2`` would send every sample on its own: here the rec
 often as the 2 s hold sends natively on this machine (``SEND_EVERY``). Needs valgrind (Debian's package) and gcc,
 for a 4-line helper that issues callgrind's requests. A CartPole row takes ~12 minutes, a Breakout row longer.
 
-    python scripts/count_instructions.py --settings "" record_start_states=False --write
-    python scripts/count_instructions.py --env breakout --modes complete_episodes --keep /tmp/cg
+    python benchmarks/count_instructions.py --settings "" record_start_states=False --write
+    python benchmarks/count_instructions.py --env breakout --modes complete_episodes --keep /tmp/cg
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import benchdoc  # noqa: E402
+import common  # noqa: E402
 
 HELPER_C = r"""
 #include <valgrind/callgrind.h>
@@ -61,8 +61,8 @@ def inner(args: argparse.Namespace) -> None:
     """Under callgrind: build both algorithms, warm up, count each block (one dump per block)."""
     import ctypes
 
-    from bench_overhead import recorder_settings
-    from profile_sampler import build, start_ray
+    from common import build_local as build
+    from common import recorder_settings, start_ray
 
     requests = ctypes.CDLL(args.helper)
     start_ray()
@@ -191,7 +191,7 @@ def main() -> None:
     if args.write:
         note = NOTE.format(samples=args.samples, warmup=args.warmup,
                            send_every=", ".join(f"{k} {v}" for k, v in SEND_EVERY.items()))
-        benchdoc.write_section("Instructions per env step (scripts/count_instructions.py)", text + note)
+        common.write_section("Instructions per env step (benchmarks/count_instructions.py)", text + note)
 
 
 if __name__ == "__main__":

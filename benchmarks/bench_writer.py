@@ -8,8 +8,8 @@ Rows, interleaved per repetition:
   writer <codec>   RecordingWriter.append (every column, indexes, commit, flush) in this process
   actor            the same through a Ray writer actor, window of 4 chunks: ingest and ack latency p50/p99
 
-    python scripts/bench_writer.py                 # writes its section of docs/BENCHMARKS.md
-    python scripts/bench_writer.py --reps 1 --frames 256 --no-write
+    python benchmarks/bench_writer.py                 # writes its section of docs/BENCHMARKS.md
+    python benchmarks/bench_writer.py --reps 1 --frames 256 --no-write
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import benchdoc  # noqa: E402
+import common  # noqa: E402
 
 
 def episodes_from_env(make_env: Callable[[], Any], steps: int, episode_len: int, seed: int = 0) -> list[Any]:
@@ -177,14 +177,15 @@ def main() -> None:
     import gymnasium as gym
     import ray
 
-    from rllib_recorder.commands.experiment import make_atari_env
+    from rllib_recorder.commands.envs import make_atari_env
+    from rllib_recorder.format.datasets import StorageOptions
 
-    datasets = {
+    inputs = {
         "Breakout 84x84x4": chunks_of(episodes_from_env(
             lambda: make_atari_env("ale_py:ALE/Breakout-v5", 84, 4, {}), args.frames, 200), rows=64),
         "CartPole 4 x f32": chunks_of(episodes_from_env(lambda: gym.make("CartPole-v1"), args.vectors, 500), rows=4096),
     }
-    base = datasets.StorageOptions()
+    base = StorageOptions()
     codecs = {
         "writer gzip-1 (default)": base,
         "writer lzf": replace(base, compression="lzf"),
@@ -198,7 +199,7 @@ def main() -> None:
     latency: dict[str, list[float]] = {}
     try:
         for rep in range(args.reps):
-            for name, chunks in datasets.items():
+            for name, chunks in inputs.items():
                 mb = obs_bytes(chunks) / 1e6
                 steps = sum(c.agent_steps for c in chunks)
                 # the disk's bandwidth, from a write large enough to measure it (at least 256 MB)
@@ -224,7 +225,7 @@ def main() -> None:
 
     lines = ["| data | path | MB/s of raw obs | steps/s | vs disk | disk bytes/step (all columns) | ack p50 / p99 ms |",
              "|---|---|---|---|---|---|---|"]
-    for name, chunks in datasets.items():
+    for name, chunks in inputs.items():
         steps = sum(c.agent_steps for c in chunks)
         raw_step = sum(c.nbytes for c in chunks) / steps
         obs_mb = obs_bytes(chunks) / 1e6
@@ -239,15 +240,15 @@ def main() -> None:
                 ms = np.array(latency[name]) * 1000
                 lat = f"{np.percentile(ms, 50):.1f} / {np.percentile(ms, 99):.1f}"
             steps_s = [v / obs_mb * steps for v in values]
-            lines.append(f"| {name} | {row} | {benchdoc.cell(values, '{:.0f}')} | {benchdoc.cell(steps_s, '{:.0f}')} "
-                         f"| {benchdoc.cell(ratio, '{:.2f}')} "
+            lines.append(f"| {name} | {row} | {common.cell(values, '{:.0f}')} | {common.cell(steps_s, '{:.0f}')} "
+                         f"| {common.cell(ratio, '{:.2f}')} "
                          f"| {per_step} | {lat} |")
     table = "\n".join(lines)
     print(table)
     if not args.no_write:
-        benchdoc.write_section("Writer ingest (scripts/bench_writer.py)", table + f"""
+        common.write_section("Writer ingest (benchmarks/bench_writer.py)", table + f"""
 
-{args.frames} Breakout steps (raw obs {obs_bytes(datasets['Breakout 84x84x4']) / 1e6:.0f} MB, chunks of 64 steps) and
+{args.frames} Breakout steps (raw obs {obs_bytes(inputs['Breakout 84x84x4']) / 1e6:.0f} MB, chunks of 64 steps) and
 {args.vectors} CartPole steps (chunks of 4096 steps); {args.reps} repetitions, median (min). "vs disk" is the ratio to
 the raw sequential write (256 MB, fsync) measured in the same repetition. Bytes/step count the whole file (all
 columns, indexes), "x smaller" compares them with the raw arrays of all columns.

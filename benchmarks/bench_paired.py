@@ -1,7 +1,7 @@
 """Sampling throughput with and without the recorder, timed in the same seconds on the same CPUs.
 
 Why: this machine's CPUs change speed by up to 1.9x from one second to the next, and its two CPUs differ from
-each other in the same second by 0.6-1.3x (``scripts/cpu_speed.py``). Variants timed one after another
+each other in the same second by 0.6-1.3x (``benchmarks/cpu_speed.py``). Variants timed one after another
 (``bench_overhead.py``) therefore differ by more than the 2% the targets allow, and so do blocks of the same env
 runners seconds apart with the recorder switched on and off (tried: an A/A ratio of 0.87-1.46 for adjacent 3 s
 blocks). Here two algorithms, "none" (no recording) and "recorder" (default settings), sample at once, and a
@@ -19,9 +19,9 @@ the recorder would pay it alone: when its runners leave no CPU idle (runners >= 
 it, and Ray's floor for an actor (the writers' CPU per second with nothing sampled, measured for 3 s after each
 block) over the machine's CPUs. With fewer runners than CPUs the writers run on an idle CPU: nothing is charged.
 
-    python scripts/bench_paired.py --write                      # all 10 rows, into docs/BENCHMARKS.md
-    python scripts/bench_paired.py --vs control --write          # the A/A control, its own section
-    python scripts/bench_paired.py --env breakout --runners 1 --modes complete_episodes --vs rllib
+    python benchmarks/bench_paired.py --write                      # all 10 rows, into docs/BENCHMARKS.md
+    python benchmarks/bench_paired.py --vs control --write          # the A/A control, its own section
+    python benchmarks/bench_paired.py --env breakout --runners 1 --modes complete_episodes --vs rllib
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import benchdoc  # noqa: E402
-from bench_overhead import (  # noqa: E402
+import common  # noqa: E402
+from common import (  # noqa: E402
     DIAGNOSTIC_VARIANTS,
     TOGGLED,
     add_row_args,
@@ -194,7 +194,7 @@ def bench_row(setup: RowSetup, reps: int, work: str, fresh: bool = False, crosso
     row: dict[str, Any] = {"env": setup.env, "runners": setup.runners, "mode": setup.mode, "other": other,
                            "reps": reps, "seconds": setup.seconds, "fresh": fresh, "crossover": crossover, **out}
     if other.startswith("recorder"):
-        from rllib_recorder.read.reader import open_run
+        from rllib_recorder.read.run import open_run
 
         stored = raw = disk = 0
         for run_dir in (d for d, _, files in os.walk(row_dir) if "manifest.json" in files):
@@ -393,19 +393,19 @@ def table(rows: list[dict[str, Any]]) -> str:
         head = (f"| {r['env']} | {r['runners']} | {r['mode']} | {r['reps']} x "
                 f"{'2 x ' if r.get('crossover') else ''}{r['seconds']:.0f}"
                 f"{', fresh' if r.get('fresh') else ''}{', crossover' if r.get('crossover') else ''} "
-                f"| {benchdoc.cell(r['none_rate'], '{:.0f}')} | {r['other']} ")
+                f"| {common.cell(r['none_rate'], '{:.0f}')} | {r['other']} ")
         if not r["other"].startswith("recorder"):  # A/A control, or RLlib's recorder (its bytes per step)
             disk = f"{r['bytes_per_step']:.0f}" if "bytes_per_step" in r else "-"
-            lines.append(head + f"| - | - | {benchdoc.cell(r['ratio'])} | {benchdoc.cell(r['cpu_ratio'])} "
+            lines.append(head + f"| - | - | {common.cell(r['ratio'])} | {common.cell(r['cpu_ratio'])} "
                          f"| - | - | - | - | {disk} | - | - |")
             continue
         verdict = "met" if statistics.median(r["charged"]) >= target(r["mode"]) else "missed"
         lines.append(
-            head + f"| **{benchdoc.cell(r['charged'])}** | {target(r['mode'])}: {verdict} "
-            f"| {benchdoc.cell(r['ratio'])} | {benchdoc.cell(r['cpu_ratio'])} "
-            f"| {benchdoc.cell([100 * w for w in r['writer_alone']], '{:.2f}')}% "
-            f"| {benchdoc.cell([100 * w for w in r['floor']], '{:.2f}')}% "
-            f"| {benchdoc.cell(r['wait_ms'], '{:.2f}')} | {max(r['drain_s']):.2f} | {r['bytes_per_step']:.0f} "
+            head + f"| **{common.cell(r['charged'])}** | {target(r['mode'])}: {verdict} "
+            f"| {common.cell(r['ratio'])} | {common.cell(r['cpu_ratio'])} "
+            f"| {common.cell([100 * w for w in r['writer_alone']], '{:.2f}')}% "
+            f"| {common.cell([100 * w for w in r['floor']], '{:.2f}')}% "
+            f"| {common.cell(r['wait_ms'], '{:.2f}')} | {max(r['drain_s']):.2f} | {r['bytes_per_step']:.0f} "
             f"| {r['compression']:.1f}x | {'yes' if r['stored'] == r['sampled'] else 'NO'} ({r['stored']}) |")
     return "\n".join(lines)
 
@@ -471,8 +471,8 @@ def main() -> None:
             print(f"LOST DATA: {r['env']} {r['runners']} {r['mode']}: sampled {r['sampled']}, stored {r['stored']}")
     if args.write and not args.settings:
         name = "Sampling overhead, paired" + ("" if args.vs == "recorder" else f" against {args.vs}") \
-            + " (scripts/bench_paired.py)"
-        benchdoc.write_section(name, table(rows) + NOTE)
+            + " (benchmarks/bench_paired.py)"
+        common.write_section(name, table(rows) + NOTE)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ appended through ``RecordingWriter.append`` (every column, indexes, commit, flus
 this process per append. 600 rows is what one of 4 env runners hands over per 2 s (coalesce_s) here, 2400 one
 runner alone. Variants interleaved per repetition.
 
-    python scripts/bench_append.py                  # writes its section of docs/BENCHMARKS.md
-    python scripts/bench_append.py --reps 1 --steps 20000 --no-write
+    python benchmarks/bench_append.py                  # writes its section of docs/BENCHMARKS.md
+    python benchmarks/bench_append.py --reps 1 --steps 20000 --no-write
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import benchdoc  # noqa: E402
+import common  # noqa: E402
 
 # Column layouts: "selective" (this version: index tables and incompressible step columns unfiltered) and
 # "all-gzip" (every column gzip, as before 2026-12-02), by the schema constants that decide it.
@@ -93,13 +93,13 @@ def main() -> None:
              "| bytes per step on disk |", "|---|---|---|---|---|---|"]
     for (rows, limit, layout), values in cpu.items():
         default = " (default)" if limit == datasets.MAX_CHUNK_ROWS else ""
-        lines.append(f"| {rows} | {limit}{default} | {layout} | {benchdoc.cell(values, '{:.2f}')} "
-                     f"| {benchdoc.cell([1000 * v / rows for v in values], '{:.2f}')} "
+        lines.append(f"| {rows} | {limit}{default} | {layout} | {common.cell(values, '{:.2f}')} "
+                     f"| {common.cell([1000 * v / rows for v in values], '{:.2f}')} "
                      f"| {size[rows, limit, layout] / args.steps:.1f} |")
     table = "\n".join(lines)
     print(table)
     if not args.no_write:
-        benchdoc.write_section("Writer: cost of one append (scripts/bench_append.py)", table + f"""
+        common.write_section("Writer: cost of one append (benchmarks/bench_append.py)", table + f"""
 
 {args.steps} CartPole steps per variant, {args.reps} repetitions, median (min) of the CPU time per append (the first
 append, which creates the columns, not counted). Bytes per step: the whole file after closing (all columns,

@@ -1,0 +1,204 @@
+"""Every private RLlib, Ray and Tune attribute the recorder reads, and every method of theirs it wraps, in one place.
+
+Each function names the public API it stands in for, or says that Ray 2.60 has none. ``problems()`` lists what the
+installed Ray no longer has, so a Ray upgrade that moves one fails ``tests/test_rllib_compat.py`` with a message
+naming it, instead of a run quietly losing its stop hook, its policy lag or its consumed rate. Heavy modules are
+imported inside the functions: the CLI imports this module without Ray.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+# The Ray release every access below was read from (site-packages/ray, 2.60.0).
+RAY_VERSION = "2.60.0"
+
+
+def tune_dir_names(algorithm: Any) -> tuple[str | None, str | None]:
+    """(experiment dir name, trial dir name) of the Tune trial running ``algorithm``; (None, None) outside Tune.
+
+    Private: ``Trainable._storage`` (Tune's ``StorageContext``), set before ``setup()``. Public:
+    ``ray.tune.get_context()`` serves function trainables, and the trial name an Algorithm sees in
+    ``on_algorithm_init`` is still "default"; none gives the trial dir name to a class trainable that early.
+    """
+    storage = getattr(algorithm, "_storage", None)
+    trial = getattr(storage, "trial_dir_name", None)
+    if not trial:
+        return None, None
+    return getattr(storage, "experiment_dir_name", None), str(trial)
+
+
+def learner_weights_seq_no(learner: Any) -> int | None:
+    """The learner's ``weights_seq_no``: how many updates it has run.
+
+    Private: ``Learner._weights_seq_no``. Public: the train result's ``learners/<module>/weights_seq_no``, which
+    the driver sees once per iteration only (too late for APPO's lag).
+    """
+    version = getattr(learner, "_weights_seq_no", None)
+    return None if version is None else int(version)
+
+
+def learner_group_dropped_steps(learner_group: Any) -> float:
+    """Env steps of updates RLlib dropped because its asynchronous learners were busy.
+
+    Private: ``LearnerGroup._ts_dropped``. Public: none in 2.60.
+    """
+    return float(getattr(learner_group, "_ts_dropped", 0) or 0)
+
+
+def tune_registered(category: str, name: str) -> Any | None:
+    """What Tune's registry holds under ``name`` in ``category`` ("env_creator", "trainable_class"), or None.
+
+    Private: ``ray.tune.registry._global_registry`` (``contains``/``get``). Public: ``get_trainable_cls`` raises
+    for an unknown name and there is no public lookup of env creators; RLlib uses the private registry itself.
+    """
+    from ray.tune.registry import _global_registry
+
+    if not _global_registry.contains(category, name):
+        return None
+    return _global_registry.get(category, name)
+
+
+def tune_registered_names(category: str) -> list[str]:
+    """Names registered in ``category`` in this process and not yet flushed to a Ray cluster (did-you-mean hints).
+
+    Private: ``_global_registry._to_flush``. Public: none.
+    """
+    from ray.tune.registry import _global_registry
+
+    return [key for kind, key in getattr(_global_registry, "_to_flush", {}) if kind == category]
+
+
+def deprecated_value() -> Any:
+    """The value RLlib's config classes give settings that are deprecated (they are not settings to check).
+
+    Private: ``ray._common.deprecation.DEPRECATED_VALUE``. Public: none.
+    """
+    from ray._common.deprecation import DEPRECATED_VALUE
+
+    return DEPRECATED_VALUE
+
+
+def translate_config_key(config_class: type, key: str) -> str:
+    """RLlib's current name for a config key (``num_workers`` -> ``num_env_runners``); raises for a removed one.
+
+    Private: ``AlgorithmConfig._translate_special_keys``. Public: ``update_from_dict`` does the same, but sets the
+    value and does not say which key it took.
+    """
+    return config_class._translate_special_keys(key, warn_deprecated=True)
+
+
+def generator_backpressure(objects: int) -> dict[str, Any]:
+    """Task options that keep at most ``objects`` results of a generator task in flight.
+
+    Private: the ``_generator_backpressure_num_objects`` option of ``.options()``. Public: none in 2.60.
+    """
+    return {"_generator_backpressure_num_objects": objects}
+
+
+def wrap_method(owner: Any, name: str, wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Replaces ``owner.name`` (an instance attribute, or a module function) by ``wrapper(original)``."""
+    original = getattr(owner, name)
+    setattr(owner, name, functools.wraps(original)(wrapper(original)))
+
+
+def on_algorithm_cleanup(algorithm: Any, before: Callable[[], None]) -> None:
+    """Runs ``before()`` when the algorithm stops, before its env runners are stopped.
+
+    Wraps ``Algorithm.cleanup``, which ``Trainable.stop()`` calls (``algo.stop()``, and Tune at the end of a
+    trial). Public: RLlib 2.60 has no callback for an algorithm's stop.
+    """
+    def wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+        def cleanup(*args: Any, **kwargs: Any) -> Any:
+            try:
+                before()
+            finally:  # RLlib's own cleanup runs whatever happened before
+                result = original(*args, **kwargs)
+            return result
+        return cleanup
+
+    wrap_method(algorithm, "cleanup", wrapper)
+
+
+def after_learner_update(learner: Any, after: Callable[[], None]) -> Callable[..., Any]:
+    """Runs ``after()`` at the end of every update of ``learner``, in its process; returns the original method.
+
+    Wraps ``Learner.after_gradient_based_update``, which ``Learner.update`` calls through the instance once its
+    gradient steps are done. Public: none that runs in the learner's process after an update.
+    """
+    original = getattr(learner, "_rllib_recorder_original_after_update", learner.after_gradient_based_update)
+
+    def after_gradient_based_update(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        after()
+        return result
+
+    learner._rllib_recorder_original_after_update = original
+    learner.after_gradient_based_update = after_gradient_based_update
+    return original
+
+
+def before_learner_group_update(learner_group: Any, before: Callable[[dict[str, Any]], None]) -> None:
+    """Calls ``before(kwargs)`` with the keyword arguments of every ``learner_group.update(...)`` call.
+
+    Wraps the instance's ``LearnerGroup.update``, which every algorithm's ``training_step`` calls with keywords.
+    Remote learners can't be wrapped: Ray calls their ``update`` by name on the class. Public: none.
+    """
+    def wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+        def update(*args: Any, **kwargs: Any) -> Any:
+            before(kwargs)
+            return original(*args, **kwargs)
+        return update
+
+    wrap_method(learner_group, "update", wrapper)
+
+
+def problems() -> list[str]:
+    """What the installed Ray lacks of the above, each in one line naming the access and where to fix it."""
+    import ray
+    from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+    from ray.rllib.core.learner.learner import Learner
+    from ray.rllib.core.learner.learner_group import LearnerGroup
+    from ray.tune.registry import ENV_CREATOR, TRAINABLE_CLASS
+
+    found = []
+
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            found.append(f"ray {ray.__version__} (the recorder was written against {RAY_VERSION}): {what}; "
+                         "update rllib_recorder/_rllib_compat.py")
+
+    import inspect
+
+    need("self._storage" in inspect.getsource(__import__("ray.tune.trainable.trainable", fromlist=["x"]).Trainable),
+         "Trainable no longer keeps its StorageContext in _storage (tune_dir_names)")
+    need("self._weights_seq_no" in inspect.getsource(Learner), "Learner has no _weights_seq_no (learner_weights_seq_no)")
+    need(callable(getattr(Learner, "after_gradient_based_update", None)),
+         "Learner has no after_gradient_based_update (after_learner_update)")
+    need("self.after_gradient_based_update(" in inspect.getsource(Learner.update),
+         "Learner.update no longer calls self.after_gradient_based_update (after_learner_update)")
+    need("self._ts_dropped" in inspect.getsource(LearnerGroup),
+         "LearnerGroup has no _ts_dropped (learner_group_dropped_steps)")
+    need(callable(getattr(LearnerGroup, "update", None)), "LearnerGroup has no update (before_learner_group_update)")
+    try:
+        from ray.tune.registry import _global_registry
+        need(all(callable(getattr(_global_registry, m, None)) for m in ("contains", "get")),
+             "ray.tune.registry._global_registry has no contains/get (tune_registered)")
+        need(isinstance(getattr(_global_registry, "_to_flush", None), dict),
+             "ray.tune.registry._global_registry has no _to_flush dict (tune_registered_names)")
+    except ImportError:
+        need(False, "ray.tune.registry has no _global_registry (tune_registered)")
+    need(bool(ENV_CREATOR) and bool(TRAINABLE_CLASS), "ray.tune.registry lost ENV_CREATOR/TRAINABLE_CLASS")
+    try:
+        deprecated_value()
+    except ImportError:
+        need(False, "ray._common.deprecation.DEPRECATED_VALUE is gone (deprecated_value)")
+    need(callable(getattr(AlgorithmConfig, "_translate_special_keys", None)),
+         "AlgorithmConfig has no _translate_special_keys (translate_config_key)")
+    from ray.rllib.algorithms.algorithm import Algorithm
+
+    need(callable(getattr(Algorithm, "cleanup", None)) and "self.cleanup()" in inspect.getsource(
+        __import__("ray.tune.trainable.trainable", fromlist=["x"]).Trainable.stop),
+        "Trainable.stop() no longer calls self.cleanup() (on_algorithm_cleanup)")
+    return found

@@ -1,0 +1,118 @@
+"""A recorded run: its manifest and worker files, opened lazily; episodes, batches and counts across files."""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any, Iterator
+
+import numpy as np
+
+from rllib_recorder.errors import SchemaError
+from rllib_recorder.format import layout, probe
+from rllib_recorder.format.manifest import read_manifest
+from rllib_recorder.read.records import Batch, Episode
+from rllib_recorder.read.to_tables import to_dataframe, to_ray_dataset
+from rllib_recorder.read.worker_file import WorkerFile
+
+
+class Run:
+    """A recorded run: its manifest and worker files; nothing is read until asked for."""
+
+    def __reduce__(self) -> Any:
+        raise TypeError(f"{type(self).__name__} holds its worker files, opened lazily and can't be pickled: "
+                        "send the run directory and call rllib_recorder.open_run(path) in the other process")
+
+
+    def __init__(self, path: str) -> None:
+        if not os.path.isdir(path):
+            raise SchemaError(f"{path} is not a directory; pass the run directory (it holds manifest.json)")
+        self.path = path
+        self.manifest = read_manifest(path)
+        layout.check_version(self.manifest.get("schema_version"), os.path.join(path, "manifest.json"))
+        self.files = [WorkerFile(p) for p in sorted(glob.glob(os.path.join(path, "*.h5")))]
+        probe.ensure_readable(f.path for f in self.files)  # one child for all files
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+    def worker(self, worker_index: int, is_evaluation: bool = False) -> WorkerFile:
+        for f in self.files:
+            if f.worker_index == worker_index and f.is_evaluation == is_evaluation:
+                return f
+        raise KeyError(f"run {self.path} has no {'evaluation ' if is_evaluation else ''}worker {worker_index}")
+
+    @property
+    def workers(self) -> list[tuple[int, bool]]:
+        """(worker_index, is_evaluation) of every file."""
+        return [(f.worker_index, f.is_evaluation) for f in self.files]
+
+    def counts(self) -> dict[str, int]:
+        """Files, batches, env steps, agent steps, fragments and distinct episodes (index reads only)."""
+        out = {"files": len(self.files), "batches": 0, "env_steps": 0, "agent_steps": 0, "fragments": 0, "episodes": 0}
+        for f in self.files:
+            commit = f.commit
+            out["batches"] += commit["batches"]
+            out["env_steps"] += self._env_steps(f)
+            for agent, (rows, frags) in commit["agents"].items():
+                out["agent_steps"] += rows
+                out["fragments"] += frags
+                out["episodes"] += len(np.unique(f.fragments(agent)["eps_id"]))
+        return out
+
+    def batches(self, *, evaluation: bool | None = False) -> Iterator[Batch]:
+        """Every stored chunk, file by file, in the order each file stored them."""
+        for f in self.files_of(evaluation):
+            yield from f.batches_in_order()
+
+    def to_dataframe(self, *, evaluation: bool | None = False) -> Any:
+        """A pandas DataFrame of the scalar step columns, one row per step (needs the 'export' extra)."""
+        return to_dataframe(self.files_of(evaluation))
+
+    def to_ray_dataset(self, *, rows_per_task: int = 50_000, evaluation: bool | None = False) -> Any:
+        """A ``ray.data.Dataset`` of steps: one read task per worker file and row range, read in parallel."""
+        return to_ray_dataset(self, rows_per_task=rows_per_task, evaluation=evaluation)
+
+    def files_of(self, evaluation: bool | None) -> list[WorkerFile]:
+        """The training files (``evaluation=False``), the evaluation files (True) or all of them (None)."""
+        return [f for f in self.files if evaluation is None or f.is_evaluation == evaluation]
+
+    @staticmethod
+    def _env_steps(f: WorkerFile) -> int:
+        return int(f.batches()["env_steps"].sum()) if f.commit["batches"] else 0
+
+    @property
+    def num_env_steps(self) -> int:
+        return sum(int(f.batches()["env_steps"].sum()) for f in self.files if f.commit["batches"])
+
+    def episodes(self, *, evaluation: bool | None = False) -> Iterator[Episode]:
+        """Every agent episode, file by file, in the order their first fragment was stored."""
+        for f in self.files:
+            if evaluation is not None and f.is_evaluation != evaluation:
+                continue
+            for agent in f.agents:
+                for eps_id in f.episode_ids(agent):
+                    yield f.episode(eps_id, agent)
+
+    def episode(self, eps_id: str, agent: str | None = None) -> Episode:
+        """One episode by id; ``agent`` is needed only for multi-agent runs."""
+        for f in self.files:
+            for a in [agent] if agent else f.agents:
+                if a in f.agents and eps_id.encode() in f.fragments(a)["eps_id"]:
+                    return f.episode(eps_id, a)
+        raise KeyError(f"episode {eps_id!r} is not in run {self.path}")
+
+    def __repr__(self) -> str:
+        return f"Run({self.path!r}, files={len(self.files)}, status={self.manifest.get('status')!r})"
+
+
+def open_run(path: str) -> Run:
+    """Opens a run directory for reading."""
+    return Run(os.fspath(path))

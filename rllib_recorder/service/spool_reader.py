@@ -1,0 +1,137 @@
+"""One sender's spool as its writer reads it: where the writer stands, the next complete record, what to delete."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from rllib_recorder.format.liveness import HEARTBEAT_NAME, heartbeat_owner
+from rllib_recorder.format.spool import Record, read_record
+from rllib_recorder.format.spool_files import segment_name, segments_of
+
+
+@dataclass
+class SenderSpool:
+    """Where the writer stands in one sender's spool, and reading it record by record."""
+
+    stem: str
+    sender: str
+    directory: str
+    key: tuple[int, bool]
+    segment: int | None = None  # segment being read
+    offset: int = 0
+    fd: int | None = None
+    committed: tuple[int, int] = (-1, 0)  # (segment, offset) up to which every record is committed
+    stats: dict[str, Any] = field(default_factory=dict)
+    ended: bool = False
+    retry_at_s: float = 0.0
+    failing: str | None = None  # why the last commit failed (None once one succeeds)
+    refused_steps: int = 0  # env steps of chunks a writer can never store (their data is refused)
+    refused_error: str | None = None
+    damaged: str | None = None
+
+    @property
+    def read(self) -> tuple[int, int]:
+        """(segment, offset) up to which records were read."""
+        return (-1, 0) if self.segment is None else (self.segment, self.offset)
+
+    @property
+    def settled(self) -> bool:
+        """Every complete record read is committed, and nothing failed or was damaged."""
+        return self.damaged is None and self.failing is None and self.committed >= self.read
+
+    def next_record(self, nothing_buffered: Callable[[], bool]) -> Record | None:
+        """The next complete record, or None when there is none yet; moves on to the next segment once the runner
+        has (a segment the runner left is complete). ``nothing_buffered()``: every record read so far is committed."""
+        while True:
+            if self.fd is None and not self.open_next():
+                return None
+            size = os.fstat(self.fd).st_size
+            where = os.path.join(self.directory, segment_name(self.segment))
+            record = read_record(self.fd, self.offset, size, where)
+            if record is not None:
+                self.offset = record.end
+                return record
+            later = [i for i in segments_of(self.directory) if i > self.segment]
+            if not later:
+                return None  # the sender is still writing this segment (or died after its last record)
+            # the runner moved on: this segment is complete (a torn tail it left on a failed write is skipped)
+            if nothing_buffered():  # what is read and not buffered is committed
+                self.committed = max(self.committed, (later[0], 0))
+            self.close()
+            self.segment, self.offset = later[0], 0
+
+    def open_next(self) -> bool:
+        """Opens the segment to read (the first one, if none was read yet); False when there is none."""
+        if self.segment is None:
+            segments = segments_of(self.directory)
+            if not segments:
+                return False
+            self.segment, self.offset = segments[0], 0
+            self.committed = (segments[0], 0)
+        try:
+            self.fd = os.open(os.path.join(self.directory, segment_name(self.segment)), os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def end(self) -> tuple[int, int]:
+        """(segment, offset) of the end of what the runner has written."""
+        segments = segments_of(self.directory)
+        if not segments:
+            return (-1, 0)
+        last = os.path.join(self.directory, segment_name(segments[-1]))
+        try:
+            return (segments[-1], os.path.getsize(last))
+        except OSError:
+            return (segments[-1], 0)
+
+    def close(self) -> None:
+        """Closes the segment being read."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def remove_committed_segments(self) -> None:
+        """Deletes every segment before the one holding the first record not yet committed."""
+        done_segment, _ = self.committed
+        for index in segments_of(self.directory):
+            if index < done_segment:
+                remove_file(os.path.join(self.directory, segment_name(index)))
+
+    def remove(self) -> None:
+        """Deletes this sender's spool (all of it is committed)."""
+        self.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def touch_heartbeats(root: str, stems: set[str], now: float) -> None:
+    """Marks the spools of ``stems`` as read by a live writer (``recover`` and waiting runners look at it)."""
+    for stem in stems:
+        path = os.path.join(root, stem, HEARTBEAT_NAME)
+        try:
+            with open(path, "a") as f:
+                if f.tell() == 0:  # who the writer is, for recover's liveness check
+                    f.write(heartbeat_owner())
+            os.utime(path, (now, now))
+        except OSError:  # the runner then waits at most drain_timeout_s
+            pass
+
+
+def rmdir_if_empty(path: str) -> None:
+    try:
+        heartbeat = os.path.join(path, HEARTBEAT_NAME)
+        if os.path.isdir(path) and set(os.listdir(path)) <= {HEARTBEAT_NAME}:
+            remove_file(heartbeat)
+            os.rmdir(path)
+    except OSError:
+        pass
+
+
+def remove_file(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
