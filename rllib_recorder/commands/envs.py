@@ -6,18 +6,12 @@ from __future__ import annotations
 
 import functools
 import importlib
-import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rllib_recorder._rllib_compat import tune_registered, tune_registered_names
+from rllib_recorder.commands.experiment import ExperimentSpec
 from rllib_recorder.commands.messages import allowed_module, did_you_mean, is_module_name, one_line, shown_key
 from rllib_recorder.errors import ConfigError
-
-if TYPE_CHECKING:
-    from rllib_recorder.commands.experiment import ExperimentSpec
-
-# The name the recorder gives an ALE env with RLlib's Atari wrappers: '<id>-atari<dim>x<stack>'.
-ATARI_NAME = re.compile(r"^(?P<id>.+)-atari(?P<dim>\d+)x(?P<stack>\d+)$")
 
 # Modules an `env:` may name without a `register:` entry: the recorder's Atari wrappers import ale_py (as RLlib
 # does for 'ale_py:ALE/...' ids), and gymnasium's and RLlib's own env classes.

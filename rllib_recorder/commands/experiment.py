@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
-from rllib_recorder.commands.envs import ATARI_NAME
 from rllib_recorder.commands.messages import (
     SHOW,
     as_mapping,
@@ -23,6 +23,9 @@ from rllib_recorder.commands.messages import (
 )
 from rllib_recorder.config import RecorderConfig
 from rllib_recorder.errors import ConfigError
+
+# The name the recorder gives an ALE env with RLlib's Atari wrappers: '<id>-atari<dim>x<stack>'.
+ATARI_NAME = re.compile(r"^(?P<id>.+)-atari(?P<dim>\d+)x(?P<stack>\d+)$")
 
 EXPERIMENT_KEYS = ("run", "env", "stop", "config", "recorder", "register", "atari_wrappers")
 

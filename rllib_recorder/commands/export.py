@@ -108,7 +108,7 @@ def recorded_env_spec(run: Run) -> Any:
     """The gymnasium ``EnvSpec`` of the run's env when it is a plain gymnasium id registered here (a name the
     recorder gave RLlib's Atari wrappers is not: its frames are not the raw env's); else None. The manifest is
     data: only ids already registered (after at most importing ``ale_py``) are looked up."""
-    from rllib_recorder.commands.envs import ATARI_NAME
+    from rllib_recorder.commands.experiment import ATARI_NAME
     from rllib_recorder.commands.replay import recorded_gym_id
     from rllib_recorder.errors import ReplayError
 

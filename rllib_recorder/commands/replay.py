@@ -11,12 +11,12 @@ from typing import Any, Callable, Iterator
 import h5py
 import numpy as np
 
-from rllib_recorder.commands.envs import ATARI_NAME, import_env_package, make_atari_env
+from rllib_recorder.commands.envs import import_env_package, make_atari_env
+from rllib_recorder.commands.experiment import ATARI_NAME
 from rllib_recorder.errors import ReplayError
 from rllib_recorder.format import decode
-from rllib_recorder.read.records import Batch, Episode
+from rllib_recorder.read.records import Batch, Episode, unbatch
 from rllib_recorder.read.run import Run
-from rllib_recorder.read.to_rllib import unbatch
 from rllib_recorder.record import envstate
 
 

@@ -1,4 +1,5 @@
-"""The records a reader gives: a stitched Episode and a stored Batch, small frozen dataclasses."""
+"""The records a reader gives: a stitched Episode and a stored Batch, small frozen dataclasses, and an episode as
+RLlib's SingleAgentEpisode or SampleBatch."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from rllib_recorder.read.to_rllib import to_sample_batch, to_single_agent_episode
+from rllib_recorder.errors import ConversionError
 
 
 @dataclass(frozen=True)
@@ -85,3 +86,66 @@ def map_arrays(fn: Any, value: Any) -> Any:
     if isinstance(value, tuple):
         return tuple(map_arrays(fn, v) for v in value)
     return fn(value)
+
+
+def unbatch(value: Any, i: int) -> Any:
+    """Row ``i`` of a batched (possibly nested dict/tuple) value."""
+    if isinstance(value, dict):
+        return {k: unbatch(v, i) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(unbatch(v, i) for v in value)
+    return value[i]
+
+
+def to_single_agent_episode(episode: "Episode") -> Any:
+    """An RLlib ``SingleAgentEpisode`` (numpy) holding the stored episode."""
+    from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+
+    n = len(episode)
+    if _num_rows(episode.obs) != n + 1:
+        raise ConversionError(f"episode {episode.eps_id} has no stored final observation; "
+                              "RLlib episodes need one observation more than actions")
+    infos = episode.infos if episode.infos and len(episode.infos) == n + 1 else [{}] * (n + 1)
+    result = SingleAgentEpisode(
+        id_=episode.eps_id, agent_id=None if episode.agent_id == "default_agent" else episode.agent_id,
+        module_id=episode.module_id or None,
+        observations=[unbatch(episode.obs, i) for i in range(n + 1)],
+        actions=[unbatch(episode.actions, i) for i in range(n)],
+        rewards=episode.rewards.tolist(), infos=[i if isinstance(i, dict) else {} for i in infos],
+        terminated=bool(episode.terminateds[-1]), truncated=bool(episode.truncateds[-1]),
+        extra_model_outputs={k: [unbatch(v, i) for i in range(n)] for k, v in episode.extra_model_outputs.items()},
+        len_lookback_buffer=0, t_started=int(episode.t[0]) if n else 0,
+    )
+    result.to_numpy()
+    return result
+
+
+def to_sample_batch(episode: "Episode") -> Any:
+    """An RLlib ``SampleBatch`` with one row per step (``new_obs`` from the stored next observations)."""
+    from ray.rllib.policy.sample_batch import SampleBatch
+
+    n = len(episode)
+    if _num_rows(episode.obs) != n + 1:
+        raise ConversionError(f"episode {episode.eps_id} has no stored final observation; new_obs needs it")
+    columns = {
+        "obs": _slice(episode.obs, 0, n), "new_obs": _slice(episode.obs, 1, n + 1), "actions": episode.actions,
+        "rewards": episode.rewards, "terminateds": episode.terminateds, "truncateds": episode.truncateds,
+        "eps_id": np.full(n, episode.eps_id), "t": episode.t, "weights_seq_no": episode.weights_seq_no,
+        **episode.extra_model_outputs,
+        **({"policy_lag": episode.policy_lag} if len(episode.policy_lag) == n else {}),
+    }
+    return SampleBatch(columns)
+
+
+def _num_rows(value: Any) -> int:
+    while isinstance(value, (dict, tuple)):
+        value = next(iter(value.values())) if isinstance(value, dict) else value[0]
+    return len(value)
+
+
+def _slice(value: Any, start: int, stop: int) -> Any:
+    if isinstance(value, dict):
+        return {k: _slice(v, start, stop) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_slice(v, start, stop) for v in value)
+    return value[start:stop]
