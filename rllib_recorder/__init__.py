@@ -1,7 +1,5 @@
 """rllib_recorder: keep every experience RLlib's env runners sample, in per-runner HDF5 files."""
 
-__version__ = "0.1.0"
-
 from rllib_recorder.config import RecorderConfig  # noqa: E402
 from rllib_recorder.errors import (  # noqa: E402
     ConfigError,
@@ -14,6 +12,7 @@ from rllib_recorder.errors import (  # noqa: E402
     SchemaError,
     WriterError,
 )
+from rllib_recorder.version import __version__  # noqa: E402
 
 __all__ = [
     "RecorderCallback",

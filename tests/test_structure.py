@@ -23,7 +23,7 @@ ALLOWED = {
     "cli": {"commands", "read", "service"},
     "__init__": {"callback", "read"},  # the package's face, imported lazily
 }
-BASE = {"config", "errors", "extras", "_rllib_compat"}
+BASE = {"config", "errors", "extras", "_rllib_compat", "version"}
 
 
 def package_imports(path: str) -> set[str]:

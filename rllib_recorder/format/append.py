@@ -40,7 +40,7 @@ def open_for_append(path: str, attrs: Mapping[str, Any], file_space: str = "none
         h5repair.extend_eoa_to_eof(path)
     h5 = open_h5(path, "a", rdcc_nbytes=APPEND_CHUNK_CACHE_BYTES) if exists else create_file(path, file_space)
     if not exists or "format" not in h5.attrs:
-        from rllib_recorder import __version__
+        from rllib_recorder.version import __version__
 
         h5.attrs.update({
             "format": FORMAT_NAME, "schema_version": SCHEMA_VERSION,

@@ -115,7 +115,7 @@ def file_tag_of(name: str) -> str:
 
 def check_version(found: Any, where: str) -> None:
     """Raises SchemaError unless ``found`` is a schema version this reader understands."""
-    from rllib_recorder import __version__
+    from rllib_recorder.version import __version__
 
     major = str(found).split(".")[0]
     if major not in READABLE_MAJORS:

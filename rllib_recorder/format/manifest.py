@@ -22,7 +22,7 @@ def versions() -> dict[str, str]:
     import numpy
     import ray
 
-    from rllib_recorder import __version__
+    from rllib_recorder.version import __version__
 
     return {
         "rllib_recorder": __version__, "ray": ray.__version__, "gymnasium": gymnasium.__version__,

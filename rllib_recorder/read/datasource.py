@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from ray.data import Datasource
 
 from rllib_recorder.format import decode
 from rllib_recorder.read.worker_file import WorkerFile
-
-if TYPE_CHECKING:
-    from rllib_recorder.read.run import Run
 
 
 def read_step_rows(path: str, agent: str, start: int, stop: int) -> dict[str, np.ndarray]:
@@ -29,9 +26,9 @@ def read_step_rows(path: str, agent: str, start: int, stop: int) -> dict[str, np
 
 
 class RecordedStepsDatasource(Datasource):
-    """Ray Data source over a run: each read task opens one worker file and reads one row range."""
+    """Ray Data source over a run (a ``read.run.Run``): each read task opens one worker file and reads one row range."""
 
-    def __init__(self, run: "Run", rows_per_task: int, evaluation: bool | None) -> None:
+    def __init__(self, run: Any, rows_per_task: int, evaluation: bool | None) -> None:
         super().__init__()
         self.ranges = []  # (path, agent, start, stop, bytes per row)
         for f in run.files_of(evaluation):

@@ -12,7 +12,7 @@ from rllib_recorder.errors import SchemaError
 from rllib_recorder.format import layout, probe
 from rllib_recorder.format.manifest import read_manifest
 from rllib_recorder.read.records import Batch, Episode
-from rllib_recorder.read.to_tables import to_dataframe, to_ray_dataset
+from rllib_recorder.read.to_tables import to_dataframe
 from rllib_recorder.read.worker_file import WorkerFile
 
 
@@ -78,7 +78,11 @@ class Run:
 
     def to_ray_dataset(self, *, rows_per_task: int = 50_000, evaluation: bool | None = False) -> Any:
         """A ``ray.data.Dataset`` of steps: one read task per worker file and row range, read in parallel."""
-        return to_ray_dataset(self, rows_per_task=rows_per_task, evaluation=evaluation)
+        import ray.data
+
+        from rllib_recorder.read.datasource import RecordedStepsDatasource  # imports Ray Data: only when asked
+
+        return ray.data.read_datasource(RecordedStepsDatasource(self, rows_per_task, evaluation))
 
     def files_of(self, evaluation: bool | None) -> list[WorkerFile]:
         """The training files (``evaluation=False``), the evaluation files (True) or all of them (None)."""

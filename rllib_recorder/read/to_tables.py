@@ -1,4 +1,4 @@
-"""A run's steps as tables: a pandas DataFrame, or a Ray Dataset read in parallel."""
+"""A run's steps as a pandas DataFrame, one row per step."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import numpy as np
 from rllib_recorder.extras import require_extra
 
 if TYPE_CHECKING:
-    from rllib_recorder.read.run import Run
     from rllib_recorder.read.worker_file import WorkerFile
 
 # Step columns with one number per row: what a DataFrame holds.
@@ -31,12 +30,3 @@ def to_dataframe(files: Iterable["WorkerFile"]) -> Any:
             data["policy_lag"] = f.policy_lag(agent)
             frames.append(pd.DataFrame(data, index=pd.RangeIndex(f.num_rows(agent))))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-
-
-def to_ray_dataset(run: "Run", *, rows_per_task: int, evaluation: bool | None) -> Any:
-    """A ``ray.data.Dataset`` of steps read by one task per (file, agent, row range)."""
-    import ray.data
-
-    from rllib_recorder.read.datasource import RecordedStepsDatasource
-
-    return ray.data.read_datasource(RecordedStepsDatasource(run, rows_per_task, evaluation))
