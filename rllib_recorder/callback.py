@@ -43,16 +43,16 @@ class RecorderCallback(RLlibCallback):
       run directory and manifest, asks every env runner for its Ray node, starts
       the writer actors on each of those nodes, connects every env runner to a
       writer on its own node, makes every learner report each weights version it
-      finishes to the writers (``learner.py``: the source of the stored learner version
+      finishes to the writers (``service/learner.py``: the source of the stored learner version
       and so of the policy lag), and hooks ``Algorithm.cleanup`` so that
       ``algo.stop()`` (and the end of a Tune trial) drains every runner, closes
       every file and marks the manifest finished. Bad settings raise here.
     * ``on_episode_start`` (each env runner, new API stack, single agent): captures the
-      sub-env's start state (``envstate.capture``) into ``episode.custom_data``; it is
+      sub-env's start state (``record/envstate``) into ``episode.custom_data``; it is
       stored with the episode's first fragment so ``replay --check`` can re-simulate.
     * ``on_sample_end`` (each env runner): counts the sampled steps, converts the
       episodes or batch to columns and writes them into the runner's spool, a
-      node-local file its writer reads (``outbox``, ``spoolfile``): when ``sample()``
+      node-local file its writer reads (``record/outbox``, ``format/spool``): when ``sample()``
       returns, what it sampled has left the runner's process, and a kill of the
       runner can't take it. It waits only when the spool's backlog is full
       (``max_backlog_bytes``). Any exception is caught, logged once with its cause

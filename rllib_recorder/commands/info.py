@@ -99,7 +99,7 @@ def _unknown(summary: dict[str, Any], manifest: dict[str, Any], recording: bool)
 def run_rates(run: Any, totals: dict[str, Any]) -> dict[str, Any]:
     """TianJi's three rates of a run (training files), in env steps per second.
 
-    Produced and stored come from the batch index (see ``staleness.stored_rates``); consumed is the env steps
+    Produced and stored come from the batch index (see ``stored_rates``); consumed is the env steps
     handed to the learners to train on (each once, ``learner.ConsumedSteps``), kept in the manifest at the
     last train result, over the time from the first stored sample to that result. ``unknown`` says why a rate
     is None.

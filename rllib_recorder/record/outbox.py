@@ -1,7 +1,7 @@
 """Flow control in the env runner: every sample into the spool before ``sample()`` returns, a bounded backlog.
 
 The outbox no longer holds samples: each ``on_sample_end`` payload is numbered and written to the runner's spool
-(``spoolfile``), where a kill of the runner can't take it, and the writer on the same node coalesces and commits
+(``format/spool``), where a kill of the runner can't take it, and the writer on the same node coalesces and commits
 it. What stays is the balance of production and consumption: the spool's backlog (bytes the writer has not
 committed and deleted yet) is bounded by ``max_backlog_bytes``; past it ``block`` waits for the writer (time
 counted, at most ``max_wait_s``, and not at all once the writer's heartbeat has stopped) and ``drop`` drops the

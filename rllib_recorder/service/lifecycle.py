@@ -4,7 +4,7 @@ Most RLlib scripts and notebooks never call ``algo.stop()``; they end, raise, ge
 ``ray.shutdown()`` first. Every open recording is registered here and closed (runners drained, files closed,
 manifest finished) by the first of:
 
-* ``algo.stop()`` / Tune stopping the trial (the algorithm's ``cleanup`` hook, see ``driver``);
+* ``algo.stop()`` / Tune stopping the trial (the algorithm's ``cleanup`` hook, see ``service/run``);
 * ``ray.shutdown()`` called by the user (wrapped: the recording closes while the writers still run);
 * interpreter exit (``atexit``; registered after Ray's own ``shutdown`` handler, so it runs first). An uncaught
   exception or KeyboardInterrupt is noted by ``sys.excepthook`` on the way, SIGTERM by a handler chained before
