@@ -86,3 +86,22 @@ def test_no_module_but_the_compat_one_reaches_into_ray_privately():
         text = open(path).read()
         found = [p for p in private if re.search(r"(?<!\w)" + re.escape(p), text)]
         assert not found, f"{os.path.relpath(path, ROOT)} uses {found}; go through rllib_recorder/_rllib_compat.py"
+
+
+def test_objects_holding_open_files_refuse_to_be_pickled_with_the_fix(recorded_cartpole, tmp_path):
+    import pickle
+
+    from rllib_recorder import open_run
+    from rllib_recorder.format.open_columns import OpenColumns
+    from rllib_recorder.format.spool_files import SegmentWriter
+    from rllib_recorder.read.worker_file import WorkerFile
+
+    with open_run(recorded_cartpole) as run:
+        run.counts()  # opens the files
+        for holder, fix in ((run, "rllib_recorder.open_run(path)"), (run.files[0], "WorkerFile(path)"),
+                            (WorkerFile(str(tmp_path / "x.h5")), "WorkerFile(path)")):
+            with pytest.raises(TypeError, match=re.escape(fix)):
+                pickle.dumps(holder)
+    for cls in (SegmentWriter, OpenColumns):
+        with pytest.raises(TypeError, match="can't be pickled"):
+            pickle.dumps(cls.__new__(cls))
