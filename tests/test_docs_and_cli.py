@@ -114,7 +114,7 @@ def test_train_shows_progress_and_a_summary_not_a_wall_of_logs(tmp_path):
     # in a pipe: one line per result (iteration, env steps, stored, bytes, sampler wait, errors)
     progress = [line for line in lines if " iter " in line]
     assert [re.search(r"iter (\S+)", line).group(1) for line in progress] == ["1/2", "2/2"], proc.stdout
-    assert all("env steps 200" in progress[0] and f"errors 0" in line for line in progress), proc.stdout
+    assert all("env steps 200" in progress[0] and "errors 0" in line for line in progress), proc.stdout
     run_dir = re.search(r"recorded run: (\S+)", proc.stdout).group(1)
     assert run_dir.startswith("out/tiny/PPO_CartPole-v1_")  # where the user ran it, as documented
     run_dir = str(tmp_path / run_dir)

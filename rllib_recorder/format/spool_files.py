@@ -19,11 +19,6 @@ _SEGMENT = re.compile(r"^(\d{6,12})\.spool$")
 _IOV_MAX = 512
 
 
-def stem_of(file_name: str) -> str:
-    """The spool stem of a worker file name (``worker-001.h5`` -> ``worker-001``)."""
-    return file_name[: -len(".h5")] if file_name.endswith(".h5") else file_name
-
-
 def parse_stem(stem: str) -> tuple[int, bool, str] | None:
     """(worker index, is evaluation, node tag) of a spool stem, or None if it is not one."""
     match = _STEM.match(stem)
