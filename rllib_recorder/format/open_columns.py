@@ -25,7 +25,6 @@ class OpenColumns:
         raise TypeError(f"{type(self).__name__} holds the open datasets of a file and can't be pickled: "
                         "keep it in the process that appends")
 
-
     def __init__(self, h5: h5py.File) -> None:
         self.h5 = h5
         self._groups: dict[str, h5py.Group] = {}

@@ -47,7 +47,6 @@ class SegmentWriter:
         raise TypeError(f"{type(self).__name__} holds an open spool segment and can't be pickled: "
                         "create it in the process that hands samples over")
 
-
     def __init__(self, directory: str, segment_bytes: int = 16 << 20) -> None:
         self.directory = directory
         self.segment_bytes = segment_bytes

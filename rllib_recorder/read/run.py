@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from rllib_recorder.errors import SchemaError
 from rllib_recorder.format import layout, probe
 from rllib_recorder.format.manifest import read_manifest
+from rllib_recorder.read.iterate import iter_batches
 from rllib_recorder.read.records import Batch, Episode
 from rllib_recorder.read.to_tables import to_dataframe
 from rllib_recorder.read.worker_file import WorkerFile
@@ -22,7 +23,6 @@ class Run:
     def __reduce__(self) -> Any:
         raise TypeError(f"{type(self).__name__} holds its worker files, opened lazily and can't be pickled: "
                         "send the run directory and call rllib_recorder.open_run(path) in the other process")
-
 
     def __init__(self, path: str) -> None:
         if not os.path.isdir(path):
@@ -75,6 +75,17 @@ class Run:
     def to_dataframe(self, *, evaluation: bool | None = False) -> Any:
         """A pandas DataFrame of the scalar step columns, one row per step (needs the 'export' extra)."""
         return to_dataframe(self.files_of(evaluation))
+
+    def iter_batches(self, batch_size: int = 1024, *, columns: Sequence[str] | None = None, shuffle: bool = False,
+                     buffer_rows: int = 65_536, buffer_bytes: int = 256 << 20, seed: int | None = None,
+                     drop_last: bool = False, block_bytes: int = 16 << 20,
+                     evaluation: bool | None = False) -> Iterator[dict[str, np.ndarray]]:
+        """Numpy batches of steps for your own training loop (``read.iterate``): the stored step columns by path,
+        and ``next_obs``, ``has_next_obs``, ``policy_lag``, ``worker_index``, ``agent_id`` when asked for;
+        ``shuffle`` within a bounded buffer. Memory holds a block, the buffer and a batch, whatever the run's size."""
+        return iter_batches(self.files_of(evaluation), batch_size, columns=columns, shuffle=shuffle,
+                            buffer_rows=buffer_rows, buffer_bytes=buffer_bytes, seed=seed, drop_last=drop_last,
+                            block_bytes=block_bytes)
 
     def to_ray_dataset(self, *, rows_per_task: int = 50_000, evaluation: bool | None = False) -> Any:
         """A ``ray.data.Dataset`` of steps: one read task per worker file and row range, read in parallel."""

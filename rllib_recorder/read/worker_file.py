@@ -21,7 +21,6 @@ class WorkerFile:
         raise TypeError(f"{type(self).__name__} holds an open HDF5 file and can't be pickled: "
                         "send its path and open it in the other process with WorkerFile(path)")
 
-
     def __init__(self, path: str) -> None:
         self.path = path
         self._h5: h5py.File | None = None
