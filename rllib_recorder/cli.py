@@ -72,7 +72,9 @@ def train(experiment: str, stop_iters: int | None, stop_timesteps: int | None, o
 @main.command()
 @click.argument("path", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for machines (the same values, unrounded).")
-def info(path: str, as_json: bool) -> None:
+@click.option("--follow", is_flag=True, help="Show a run's counts and rates as it records, until it ends.")
+@click.option("--interval", type=float, default=2.0, show_default=True, help="Seconds between updates (--follow).")
+def info(path: str, as_json: bool, follow: bool, interval: float) -> None:
     """Report on a recorded run: what it is, what it holds, its policy lag and rates. Pointed at any other
     folder (an output dir, a Tune experiment), list every run below it as a tree, with totals.
 
@@ -81,9 +83,20 @@ def info(path: str, as_json: bool) -> None:
       rllib-recorder info recordings/<run>
       rllib-recorder info recordings
       rllib-recorder info recordings/<run> --json
+      rllib-recorder info recordings/<run> --follow
     """
     from rllib_recorder.commands import report
     from rllib_recorder.commands.info import summarize, summarize_folder
+
+    if follow:
+        from rllib_recorder.commands.info import follow_counts
+
+        if interval <= 0:
+            click.echo(f"error: --interval must be more than 0 seconds; it is {interval}", err=True)
+            sys.exit(2)
+        for line in _Guarded(follow_counts(path, interval)):
+            click.echo(json.dumps(line) if as_json else report.live_line(line))
+        return
 
     if os.path.isfile(os.path.join(path, "manifest.json")):
         summary = _guard(lambda: summarize(path))

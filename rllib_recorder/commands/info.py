@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter, defaultdict
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from rllib_recorder.commands.verify import run_status
 from rllib_recorder.errors import SchemaError
-from rllib_recorder.format import counters, h5file
+from rllib_recorder.format import counters, h5file, liveness
 from rllib_recorder.format.lag import count_lags, lag_summary
+from rllib_recorder.format.manifest import ENDED_STATUSES, read_manifest
 from rllib_recorder.read.run import open_run
 
 
@@ -256,3 +258,27 @@ def stored_rates(batches: list[dict[str, np.ndarray]], steps_sampled: int | None
         "stored_steps_per_s": steps / store_span if store_span > 0 else None,
         "write_delay_s_p50": float(np.median(delay)), "write_delay_s_max": float(delay.max()),
     }
+
+
+def follow_counts(run_dir: str, interval_s: float, clock: Callable[[], float] = time.monotonic,
+                  sleep: Callable[[float], None] = time.sleep) -> Iterator[dict[str, Any]]:
+    """A run's counts every ``interval_s`` while it records, with the env steps stored per second since the last
+    one, and once more when it has ended (read from the indexes only: cheap however large the run)."""
+    if not os.path.isfile(os.path.join(run_dir, "manifest.json")):
+        raise SchemaError(f"{run_dir} is not an rllib_recorder run: it has no manifest.json; --follow follows one "
+                          "run directory")
+    before: tuple[float, int] | None = None
+    while True:
+        manifest = read_manifest(run_dir)
+        live = liveness.recording_now(run_dir, manifest)
+        with open_run(run_dir) as run:
+            counts = run.counts()
+            disk = sum(os.path.getsize(f.path) for f in run.files)
+        now = clock()
+        rate = (counts["env_steps"] - before[1]) / (now - before[0]) if before and now > before[0] else None
+        before = (now, counts["env_steps"])
+        yield {"run_dir": run_dir, "status": manifest.get("status") if live is None else "recording",
+               **counts, "disk_bytes": disk, "stored_steps_per_s": rate}
+        if live is None and manifest.get("status") in ENDED_STATUSES:
+            return
+        sleep(interval_s)

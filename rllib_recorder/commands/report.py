@@ -215,3 +215,12 @@ def folder_report(summary: dict[str, Any]) -> str:
 
 def _short_status(status: Any) -> str:
     return "recording" if str(status).startswith("recording") else str(status)
+
+
+def live_line(counts: dict[str, Any]) -> str:
+    """One line of ``info --follow``."""
+    rate = counts.get("stored_steps_per_s")
+    return (f"{counts['status']}: {human_count(counts['env_steps'])} env steps"
+            + (f" (+{human_rate(rate)})" if rate is not None else "")
+            + f", {human_count(counts['episodes'])} episodes, {human_count(counts['batches'])} chunks, "
+            f"{counts['files']} file(s), {human_bytes(counts['disk_bytes'])} on disk")

@@ -8,11 +8,9 @@ from typing import Any, Callable
 import numpy as np
 
 from rllib_recorder.format import frames, h5file, layout, liveness
+from rllib_recorder.format.manifest import ENDED_STATUSES
 from rllib_recorder.read import accounting
 from rllib_recorder.read.run import open_run
-
-# Manifest states of a run whose recording ended (on a stop, an exit or a signal, or repaired by recover).
-ENDED = ("finished", "interrupted", "recovered")
 
 
 def run_status(run_dir: str, manifest: dict[str, Any]) -> Any:
@@ -31,7 +29,7 @@ def verify_report(run_dir: str, progress: Callable[[int], None] | None = None) -
     problems: list[str] = []
     with open_run(run_dir) as run:
         live = liveness.recording_now(run_dir, run.manifest)
-        if live is None and run.manifest.get("status") not in ENDED:
+        if live is None and run.manifest.get("status") not in ENDED_STATUSES:
             problems.append(f"manifest status is {run.manifest.get('status')!r}, not 'finished' "
                             "(run 'rllib-recorder recover' if its driver was killed)")
         problems += _missing_files(run)

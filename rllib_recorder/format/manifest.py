@@ -31,6 +31,10 @@ def versions() -> dict[str, str]:
     }
 
 
+# Manifest states of a run whose recording ended (on a stop, an exit or a signal, or repaired by recover).
+ENDED_STATUSES = ("finished", "interrupted", "recovered")
+
+
 def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 

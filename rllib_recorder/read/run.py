@@ -11,6 +11,7 @@ import numpy as np
 from rllib_recorder.errors import SchemaError
 from rllib_recorder.format import layout, probe
 from rllib_recorder.format.manifest import read_manifest
+from rllib_recorder.read.follow import follow
 from rllib_recorder.read.iterate import iter_batches
 from rllib_recorder.read.records import Batch, Episode
 from rllib_recorder.read.to_tables import to_dataframe
@@ -86,6 +87,12 @@ class Run:
         return iter_batches(self.files_of(evaluation), batch_size, columns=columns, shuffle=shuffle,
                             buffer_rows=buffer_rows, buffer_bytes=buffer_bytes, seed=seed, drop_last=drop_last,
                             block_bytes=block_bytes)
+
+    def follow(self, *, episodes: bool = False, poll_s: float = 0.5, timeout_s: float | None = None,
+               evaluation: bool | None = False) -> Iterator[Batch | Episode]:
+        """Follows the run while it records (``read.follow``): every stored chunk, or with ``episodes`` every
+        episode, exactly once, as soon as it is committed, until the run has ended and all of it is read."""
+        return follow(self.path, episodes=episodes, poll_s=poll_s, timeout_s=timeout_s, evaluation=evaluation)
 
     def to_ray_dataset(self, *, rows_per_task: int = 50_000, evaluation: bool | None = False) -> Any:
         """A ``ray.data.Dataset`` of steps: one read task per worker file and row range, read in parallel."""

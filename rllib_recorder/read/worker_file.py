@@ -100,18 +100,19 @@ class WorkerFile:
             lambda path, node: paths.append(path) if isinstance(node, h5py.Dataset) else None)
         return paths
 
-    def batches_in_order(self) -> Iterator[Batch]:
-        """The stored chunks in the order they were stored, each with its step rows (read lazily, chunk by chunk)."""
+    def batches_in_order(self, start: int = 0) -> Iterator[Batch]:
+        """The stored chunks in the order they were stored (from batch row ``start``), each with its step rows (read
+        lazily, chunk by chunk)."""
         with h5file.damaged_file_errors(self.path):
-            yield from self._batches_in_order()
+            yield from self._batches_in_order(start)
 
-    def _batches_in_order(self) -> Iterator[Batch]:
+    def _batches_in_order(self, start: int) -> Iterator[Batch]:
         index = self.batches()
         spans = {}
         for agent in self.agents:
             frags = self.fragments(agent)
             spans[agent] = (frags["batch"], frags["first_row"], frags["first_row"] + frags["num_rows"])
-        for row in range(len(index.get("seq", ()))):
+        for row in range(start, len(index.get("seq", ()))):
             steps = {}
             for agent, (batch, first, end) in spans.items():
                 mine = batch == row
