@@ -27,6 +27,7 @@ __all__ = [
     "GatherError",
     "WriterError",
     "open_run",
+    "offline_input",
     "__version__",
 ]
 
@@ -37,6 +38,10 @@ def __getattr__(name: str):
         from rllib_recorder.callback import RecorderCallback
 
         return RecorderCallback
+    if name == "offline_input":
+        from rllib_recorder.read.offline import offline_input
+
+        return offline_input
     if name == "open_run":
         from rllib_recorder.read.run import open_run
 

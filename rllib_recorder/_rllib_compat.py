@@ -8,8 +8,9 @@ imported inside the functions: the CLI imports this module without Ray.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 # The Ray release every access below was read from (site-packages/ray, 2.60.0).
 RAY_VERSION = "2.60.0"
@@ -154,6 +155,27 @@ def before_learner_group_update(learner_group: Any, before: Callable[[dict[str, 
     wrap_method(learner_group, "update", wrapper)
 
 
+@contextlib.contextmanager
+def ray_data_read_method(name: str, read: Callable[..., Any]) -> Iterator[None]:
+    """``ray.data.<name>`` is ``read`` while the block runs, so that RLlib's ``OfflineData`` finds it.
+
+    Stands in for a callable ``input_read_method``: ``AlgorithmConfig.offline_data`` types it as a string or a
+    callable, but ``OfflineData.__init__`` in 2.60 looks it up by name on ``ray.data``.
+    """
+    import ray.data
+
+    had = hasattr(ray.data, name)
+    previous = getattr(ray.data, name, None)
+    setattr(ray.data, name, read)
+    try:
+        yield
+    finally:
+        if had:
+            setattr(ray.data, name, previous)
+        else:
+            delattr(ray.data, name)
+
+
 def problems() -> list[str]:
     """What the installed Ray lacks of the above, each in one line naming the access and where to fix it."""
     import ray
@@ -197,7 +219,10 @@ def problems() -> list[str]:
     need(callable(getattr(AlgorithmConfig, "_translate_special_keys", None)),
          "AlgorithmConfig has no _translate_special_keys (translate_config_key)")
     from ray.rllib.algorithms.algorithm import Algorithm
+    from ray.rllib.offline.offline_data import OfflineData
 
+    need("getattr(ray.data, self.data_read_method)" in inspect.getsource(OfflineData.__init__),
+         "OfflineData no longer reads with getattr(ray.data, input_read_method) (ray_data_read_method)")
     need(callable(getattr(Algorithm, "cleanup", None)) and "self.cleanup()" in inspect.getsource(
         __import__("ray.tune.trainable.trainable", fromlist=["x"]).Trainable.stop),
         "Trainable.stop() no longer calls self.cleanup() (on_algorithm_cleanup)")

@@ -1,44 +1,67 @@
-"""A Ray Data source over a recorded run: one read task per worker file and row range."""
+"""A Ray Data source over recorded runs: one read task per worker file, agent and row range."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 from ray.data import Datasource
 
-from rllib_recorder.format import decode
+from rllib_recorder.read.iterate import Block, read_block, row_bytes_of
 from rllib_recorder.read.worker_file import WorkerFile
 
+# What every row carries beside its stored step columns (the DataFrame's ids and lag).
+EXTRA_COLUMNS = ("policy_lag", "worker_index", "agent_id")
 
-def read_step_rows(path: str, agent: str, start: int, stop: int) -> dict[str, np.ndarray]:
-    """Rows ``[start, stop)`` of one agent's steps in one worker file, flat columns (``obs/pos``) plus ids."""
+
+def read_step_rows(path: str, agent: str, start: int, stop: int, columns: Sequence[str] | None = None,
+                   rename: dict[str, str] | None = None, module_id: str | None = None) -> dict[str, np.ndarray]:
+    """Rows ``[start, stop)`` of one agent's steps in one worker file: flat columns (``obs/pos``), ids and the
+    policy lag, or the ``columns`` asked for (``iterate.read_block``), renamed by ``rename``; only the rows a
+    fragment of ``module_id`` holds when it is given."""
     f = WorkerFile(path)
     try:
-        columns = {p: f.column(agent, p, slice(start, stop)) for p in f.column_paths(agent)}
-        columns["eps_id"] = columns["eps_id"].astype(str)
-        n = stop - start
-        columns["worker_index"] = np.full(n, f.worker_index, np.int64)
-        columns["agent_id"] = np.full(n, agent)
-        return columns
+        asked = list(columns) if columns is not None else [*f.column_paths(agent), *EXTRA_COLUMNS]
+        out = read_block(Block(f, agent, start, stop), asked)
+        if "eps_id" in out:
+            out["eps_id"] = out["eps_id"].astype(str)
+        if module_id is not None:
+            keep = _rows_of_module(f, agent, start, stop, module_id)
+            out = {k: v[keep] for k, v in out.items()}
+        return {(rename or {}).get(k, k): v for k, v in out.items()}
     finally:
         f.close()
 
 
-class RecordedStepsDatasource(Datasource):
-    """Ray Data source over a run (a ``read.run.Run``): each read task opens one worker file and reads one row range."""
+def _rows_of_module(f: WorkerFile, agent: str, start: int, stop: int, module_id: str) -> np.ndarray:
+    frags = f.fragments(agent)
+    keep = np.zeros(stop - start, bool)
+    if "module_id" not in f.h5[f"agents/{agent}/fragments"]:
+        return keep
+    modules = f.h5[f"agents/{agent}/fragments/module_id"][:len(frags["first_row"])]
+    for first, n, module in zip(frags["first_row"].tolist(), frags["num_rows"].tolist(), modules.tolist()):
+        lo, hi = max(first, start), min(first + n, stop)
+        if hi > lo and (module.decode() if isinstance(module, bytes) else str(module)) == module_id:
+            keep[lo - start:hi - start] = True
+    return keep
 
-    def __init__(self, run: Any, rows_per_task: int, evaluation: bool | None) -> None:
+
+class RecordedStepsDatasource(Datasource):
+    """Ray Data source over one run or several (``read.run.Run``): each read task opens one worker file and reads
+    one row range of one agent. ``columns``, ``rename`` and ``module_id`` as ``read_step_rows`` takes them."""
+
+    def __init__(self, run: Any, rows_per_task: int, evaluation: bool | None, *,
+                 columns: Sequence[str] | None = None, rename: dict[str, str] | None = None,
+                 module_id: str | None = None) -> None:
         super().__init__()
+        self.columns, self.rename, self.module_id = columns, rename, module_id
         self.ranges = []  # (path, agent, start, stop, bytes per row)
-        for f in run.files_of(evaluation):
-            for agent in f.agents:
-                total = f.num_rows(agent)
-                steps = f.h5[f"agents/{agent}/steps"]
-                row_bytes = sum(int(np.prod(decode.row_shape(steps[p]), dtype=np.int64)) * steps[p].dtype.itemsize
-                                for p in f.column_paths(agent))
-                for start in range(0, total, rows_per_task):
-                    self.ranges.append((f.path, agent, start, min(total, start + rows_per_task), row_bytes))
+        for one in run if isinstance(run, (list, tuple)) else [run]:
+            for f in one.files_of(evaluation):
+                for agent in f.agents:
+                    total, row_bytes = f.num_rows(agent), row_bytes_of(f, agent)
+                    for start in range(0, total, rows_per_task):
+                        self.ranges.append((f.path, agent, start, min(total, start + rows_per_task), row_bytes))
 
     def estimate_inmemory_data_size(self) -> int:
         return sum((stop - start) * row_bytes for _, _, start, stop, row_bytes in self.ranges)
@@ -51,9 +74,12 @@ class RecordedStepsDatasource(Datasource):
         tasks = []
         for path, agent, start, stop, row_bytes in self.ranges:
             def read(path: str = path, agent: str = agent, start: int = start, stop: int = stop) -> list[Any]:
-                return [BlockAccessor.batch_to_block(read_step_rows(path, agent, start, stop))]
+                rows = read_step_rows(path, agent, start, stop, self.columns, self.rename, self.module_id)
+                return [BlockAccessor.batch_to_block(rows)]
 
-            meta = BlockMetadata(num_rows=stop - start, size_bytes=(stop - start) * row_bytes,
-                                 input_files=[path], exec_stats=None)
+            meta = BlockMetadata(num_rows=None if self.module_id else stop - start,
+                                 size_bytes=(stop - start) * row_bytes, input_files=[path], exec_stats=None)
             tasks.append(ReadTask(read, meta, per_task_row_limit=per_task_row_limit))
         return tasks
+
+

@@ -46,12 +46,12 @@ def blocks_of(files: Sequence[WorkerFile], block_bytes: int = BLOCK_BYTES) -> li
     for f in files:
         for agent in f.agents:
             rows = f.num_rows(agent)
-            step = int(min(BLOCK_ROWS, max(1, block_bytes // _row_bytes(f, agent))))
+            step = int(min(BLOCK_ROWS, max(1, block_bytes // row_bytes_of(f, agent))))
             out += [Block(f, agent, a, min(a + step, rows)) for a in range(0, rows, step)]
     return out
 
 
-def _row_bytes(f: WorkerFile, agent: str) -> int:
+def row_bytes_of(f: WorkerFile, agent: str) -> int:
     steps = f.h5[f"agents/{agent}/steps"]
     total = 0
     for path in f.column_paths(agent):
