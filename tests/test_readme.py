@@ -87,17 +87,16 @@ def test_readme_and_guide_snippets_run_as_written(workspace):
             continue
         elif lang == "python":
             with open(os.path.join(folder, "snippet.py"), "w") as f:
-                f.write(code)
+                f.write(substitute(code, run_dir, "gathered"))
             proc = run(f"{sys.executable} snippet.py", folder)
             done.append("python")
             if "open_run" in code:  # the reader printed what the recorder stored
                 assert "Episode(eps_id=" in proc.stdout and "Run(" in proc.stdout, proc.stdout[-2000:]
-            if "BCConfig" in code:  # BC trained two iterations on the export and printed finite losses
-                losses = [float(x) for x in proc.stdout.split()[-2:]]
-                assert all(0 < x < 10 for x in losses), proc.stdout[-2000:]
+            if "BCConfig" in code:  # BC trained (on the export, or on the run itself) and printed a finite loss
+                assert 0 < float(proc.stdout.split()[-1]) < 10, proc.stdout[-2000:]
     # every command of the Then: block, the two Python snippets, and the several-nodes block
     assert sorted(set(done)) == ["export", "gather", "info", "plot", "python", "recover", "replay", "verify"]
-    assert done.count("python") == 2
+    assert done.count("python") == 3  # README's own code, the guide's offline training, the guide's export BC
     assert os.path.isfile(os.path.join(folder, "run.png")) and os.listdir(os.path.join(folder, "bc-data"))
 
 

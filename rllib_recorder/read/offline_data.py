@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 from typing import Any
 
 from ray.rllib.offline.offline_data import OfflineData
 
-from rllib_recorder._rllib_compat import ray_data_read_method
+from rllib_recorder._rllib_compat import close_ray_data_iterators, ray_data_read_method
 
 READ_METHOD = "read_rllib_recorder_runs"
 # The columns of RLlib's columnar offline format, from the recording's step columns (``next_obs`` as ``new_obs``).
@@ -33,8 +34,13 @@ def read_runs(paths: Any, *, rows_per_task: int = 50_000, evaluation: bool | Non
 
 
 class RecordedOfflineData(OfflineData):
-    """``OfflineData`` whose dataset is a recording's transitions (``read_runs``), everything else RLlib's own."""
+    """``OfflineData`` whose dataset is a recording's transitions (``read_runs``), everything else RLlib's own.
+
+    At interpreter exit it closes the process's Ray Data iterators before Ray shuts down: collected afterwards,
+    Ray 2.60's iterator logs a traceback (a script that ends after ``algo.stop()`` would print one).
+    """
 
     def __init__(self, config: Any) -> None:
         with ray_data_read_method(READ_METHOD, read_runs):
             super().__init__(config)
+        atexit.register(close_ray_data_iterators)
