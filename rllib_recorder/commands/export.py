@@ -20,6 +20,7 @@ from rllib_recorder.read.run import Run
 RLLIB_COLUMNS = ("eps_id", "obs", "new_obs", "actions", "rewards", "terminateds", "truncateds")
 
 ROWS_PER_PARQUET_FILE = 50_000
+EPISODES_PER_WRITE = 32  # Minari episodes written at a time
 
 
 def export_rllib(run: Run, out_dir: str, progress: Callable[[int], None] | None = None) -> list[str]:
@@ -61,39 +62,35 @@ def export_minari(run: Run, out_dir: str, dataset_id: str | None = None, spaces:
                   progress: Callable[[int], None] | None = None) -> str:
     """Writes the run as a Minari dataset under ``out_dir`` (its MINARI_DATASETS_PATH); returns the dataset id.
 
-    Every stored episode with its final observation becomes a Minari episode; ``spaces`` are the env's
-    (observation, action) spaces, inferred from the stored data when None. When the run's env is a gymnasium
-    id registered here, the dataset carries its ``EnvSpec``, so ``dataset.recover_environment()`` makes it.
+    Every stored episode with its final observation becomes a Minari episode, written ``EPISODES_PER_WRITE`` at a
+    time: memory holds a few episodes, whatever the run's size. ``spaces`` are the env's (observation, action)
+    spaces, inferred from the first episode when None. When the run's env is a gymnasium id registered here, the
+    dataset carries its ``EnvSpec``, so ``dataset.recover_environment()`` makes it.
     """
     minari = require_extra("minari")
     from minari.data_collector.episode_buffer import EpisodeBuffer
 
     _check_single_agent(run, "minari")
     dataset_id = dataset_id or default_dataset_id(run)
-    buffers = []
-    for i, episode in enumerate(run.episodes()):
-        if _has_final_obs(episode):
-            buffers.append(EpisodeBuffer(
-                id=i, observations=episode.obs, actions=episode.actions, rewards=episode.rewards.tolist(),
-                terminations=episode.terminateds.tolist(), truncations=episode.truncateds.tolist(), infos={},
-            ))
-        if progress is not None:
-            progress(len(episode))
-    if not buffers:
-        raise ExportError(f"run {run.path} holds no episodes to export")
-    observation_space, action_space = spaces or infer_spaces(buffers[0])
     os.makedirs(out_dir, exist_ok=True)
     previous = os.environ.get("MINARI_DATASETS_PATH")
     os.environ["MINARI_DATASETS_PATH"] = os.path.abspath(out_dir)
+    dataset, pending = None, []
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # minari's advice on optional metadata (author email, ...)
-            minari.create_dataset_from_buffers(
-                dataset_id, buffers, observation_space=observation_space, action_space=action_space,
-                env=recorded_env_spec(run), algorithm_name=str(run.manifest.get("algorithm")), author="rllib_recorder",
-                description=f"exported by rllib_recorder from {os.path.abspath(run.path)} "
-                            f"(env {run.manifest.get('env')})",
-            )
+            for episode in run.episodes():
+                if _has_final_obs(episode):
+                    pending.append(EpisodeBuffer(
+                        observations=episode.obs, actions=episode.actions, rewards=episode.rewards.tolist(),
+                        terminations=episode.terminateds.tolist(), truncations=episode.truncateds.tolist(),
+                        infos={}))
+                if progress is not None:
+                    progress(len(episode))
+                if len(pending) >= EPISODES_PER_WRITE:
+                    dataset, pending = _write_minari(minari, run, dataset_id, dataset, pending, spaces), []
+            if pending:
+                dataset = _write_minari(minari, run, dataset_id, dataset, pending, spaces)
     except ValueError as e:
         raise ExportError(f"minari refused the dataset ({e}); pass another --dataset-id or a new -o") from None
     finally:
@@ -101,7 +98,23 @@ def export_minari(run: Run, out_dir: str, dataset_id: str | None = None, spaces:
             os.environ.pop("MINARI_DATASETS_PATH", None)
         else:
             os.environ["MINARI_DATASETS_PATH"] = previous
+    if dataset is None:
+        raise ExportError(f"run {run.path} holds no episodes to export")
     return dataset_id
+
+
+def _write_minari(minari: Any, run: Run, dataset_id: str, dataset: Any, buffers: list[Any],
+                  spaces: tuple[Any, Any] | None) -> Any:
+    """Creates the dataset with its first episodes, or adds episodes to it."""
+    if dataset is not None:
+        dataset.storage.update_episodes(buffers)
+        return dataset
+    observation_space, action_space = spaces or infer_spaces(buffers[0])
+    return minari.create_dataset_from_buffers(
+        dataset_id, buffers, observation_space=observation_space, action_space=action_space,
+        env=recorded_env_spec(run), algorithm_name=str(run.manifest.get("algorithm")), author="rllib_recorder",
+        description=f"exported by rllib_recorder from {os.path.abspath(run.path)} (env {run.manifest.get('env')})",
+    )
 
 
 def recorded_env_spec(run: Run) -> Any:
