@@ -191,14 +191,43 @@ def iter_batches(files: Sequence[WorkerFile], batch_size: int, *, columns: Seque
 
 def _in_order(blocks: Iterator[dict[str, np.ndarray]], batch_size: int,
               drop_last: bool) -> Iterator[dict[str, np.ndarray]]:
-    held: dict[str, np.ndarray] | None = None
+    """Batches cut from blocks in order; a batch that spans blocks is the only copy made."""
+    parts: list[dict[str, np.ndarray]] = []
+    held = 0
     for block in blocks:
-        held = block if held is None else {k: np.concatenate([held[k], v]) for k, v in block.items()}
-        while len(next(iter(held.values()))) >= batch_size:
-            yield {k: v[:batch_size] for k, v in held.items()}
-            held = {k: v[batch_size:] for k, v in held.items()}
-    if held is not None and len(next(iter(held.values()))) and not drop_last:
-        yield held
+        n = len(next(iter(block.values())))
+        if not n:
+            continue
+        parts.append(block)
+        held += n
+        while held >= batch_size:
+            yield _cut(parts, batch_size)
+            held -= batch_size
+    if held and not drop_last:
+        yield _cut(parts, held)
+
+
+def _cut(parts: list[dict[str, np.ndarray]], k: int) -> dict[str, np.ndarray]:
+    """The first ``k`` rows of ``parts`` (removed from them): a view when one part holds them all."""
+    first = parts[0]
+    n = len(next(iter(first.values())))
+    if n >= k:
+        parts[0] = {key: v[k:] for key, v in first.items()}
+        if n == k:
+            parts.pop(0)
+        return {key: v[:k] for key, v in first.items()}
+    taken, pieces = 0, []
+    while taken < k:
+        part = parts[0]
+        m = len(next(iter(part.values())))
+        use = min(m, k - taken)
+        pieces.append({key: v[:use] for key, v in part.items()})
+        if use == m:
+            parts.pop(0)
+        else:
+            parts[0] = {key: v[use:] for key, v in part.items()}
+        taken += use
+    return {key: np.concatenate([p[key] for p in pieces]) for key in pieces[0]}
 
 
 class _ShuffleBuffer:
