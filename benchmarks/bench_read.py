@@ -6,10 +6,10 @@ random actions, replicated with fresh episode ids to reach the size). Each reade
 (its peak RSS is its own), the readers take turns in every repetition:
 
   h5py       plain h5py reading every step column of the file chunk by chunk (the limit: disk + decompression)
-  iter       run.iter_batches(4096) of obs, actions, rewards, terminateds, truncateds
+  iter       run.iter_batches of obs, actions, rewards, terminateds, truncateds (4096 rows; Breakout 256)
   iter_next  the same with next_obs and shuffle=True (a 64k-row buffer)
   episodes   run.episodes(): stitched episodes (frame stacks rebuilt)
-  ray1/ray2  run.to_ray_dataset with 1 and 2 read tasks, iter_batches(4096) in the driver
+  ray1/ray2  run.to_ray_dataset with 1 and 2 read tasks, iter_batches of the same size in the driver
   parquet    RLlib's parquet from `export --to rllib`, read by ray.data.read_parquet (2 CPUs)
   minari     Minari's loader on the `export --to minari` dataset, iterate_episodes
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -42,6 +41,8 @@ import common  # noqa: E402
 READERS = ("h5py", "iter", "iter_next", "episodes", "ray1", "ray2", "parquet", "minari")
 COLUMNS = ["obs", "actions", "rewards", "terminateds", "truncateds"]
 OBS_BYTES = {"cartpole": 4 * 4, "breakout": 84 * 84 * 4 * 4}
+# Rows per batch: a Breakout row is 113 KB of float32 frames as the reader gives them (256 rows: 29 MB).
+BATCH = {"cartpole": 4096, "breakout": 256}
 
 
 def make_run(env: str, gb: float, out: str) -> str:
@@ -98,6 +99,7 @@ def _fresh_ids(chunk: Any, copy: int) -> Any:
 
 def read(reader: str, run_dir: str, aux: str) -> dict[str, Any]:
     """Reads the run one way (in this process); returns env steps read and seconds."""
+    batch_size = BATCH["breakout" if "breakout" in os.path.basename(run_dir) else "cartpole"]
     start = time.perf_counter()
     steps = 0
     if reader == "h5py":
@@ -118,7 +120,7 @@ def read(reader: str, run_dir: str, aux: str) -> dict[str, Any]:
 
         with open_run(run_dir) as run:
             columns = COLUMNS + (["next_obs"] if reader == "iter_next" else [])
-            for batch in run.iter_batches(4096, columns=columns, shuffle=reader == "iter_next", seed=0):
+            for batch in run.iter_batches(batch_size, columns=columns, shuffle=reader == "iter_next", seed=0):
                 steps += len(batch["rewards"])
     elif reader == "episodes":
         from rllib_recorder import open_run
@@ -139,7 +141,7 @@ def read(reader: str, run_dir: str, aux: str) -> dict[str, Any]:
             with open_run(run_dir) as run:
                 total = run.num_env_steps
                 dataset = run.to_ray_dataset(rows_per_task=-(-total // (1 if reader == "ray1" else 2)))
-        for batch in dataset.iter_batches(batch_size=4096, batch_format="numpy"):
+        for batch in dataset.iter_batches(batch_size=batch_size, batch_format="numpy"):
             steps += len(batch["rewards"])
     elif reader == "minari":
         import minari
@@ -149,7 +151,16 @@ def read(reader: str, run_dir: str, aux: str) -> dict[str, Any]:
         for episode in dataset.iterate_episodes():
             steps += len(episode.rewards)
     seconds = time.perf_counter() - start
-    return {"steps": steps, "seconds": seconds, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {"steps": steps, "seconds": seconds, "rss_mb": _peak_rss_mb()}
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident set (VmHWM: unlike ru_maxrss, not inherited from the parent across exec)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def main() -> None:

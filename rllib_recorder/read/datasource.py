@@ -15,18 +15,24 @@ EXTRA_COLUMNS = ("policy_lag", "worker_index", "agent_id")
 
 
 def read_step_rows(path: str, agent: str, start: int, stop: int, columns: Sequence[str] | None = None,
-                   rename: dict[str, str] | None = None, module_id: str | None = None) -> dict[str, np.ndarray]:
+                   rename: dict[str, str] | None = None, module_id: str | None = None,
+                   min_policy_version: int | None = None) -> dict[str, np.ndarray]:
     """Rows ``[start, stop)`` of one agent's steps in one worker file: flat columns (``obs/pos``), ids and the
     policy lag, or the ``columns`` asked for (``iterate.read_block``), renamed by ``rename``; only the rows a
-    fragment of ``module_id`` holds when it is given."""
+    fragment of ``module_id`` holds when it is given, and only the steps a policy of at least version
+    ``min_policy_version`` (``weights_seq_no``) took."""
     f = WorkerFile(path)
     try:
         asked = list(columns) if columns is not None else [*f.column_paths(agent), *EXTRA_COLUMNS]
         out = read_block(Block(f, agent, start, stop), asked)
         if "eps_id" in out:
             out["eps_id"] = out["eps_id"].astype(str)
+        keep = np.ones(stop - start, bool)
         if module_id is not None:
-            keep = _rows_of_module(f, agent, start, stop, module_id)
+            keep &= _rows_of_module(f, agent, start, stop, module_id)
+        if min_policy_version is not None:
+            keep &= f.column(agent, "weights_seq_no", slice(start, stop)) >= min_policy_version
+        if not keep.all():
             out = {k: v[keep] for k, v in out.items()}
         return {(rename or {}).get(k, k): v for k, v in out.items()}
     finally:
@@ -48,13 +54,15 @@ def _rows_of_module(f: WorkerFile, agent: str, start: int, stop: int, module_id:
 
 class RecordedStepsDatasource(Datasource):
     """Ray Data source over one run or several (``read.run.Run``): each read task opens one worker file and reads
-    one row range of one agent. ``columns``, ``rename`` and ``module_id`` as ``read_step_rows`` takes them."""
+    one row range of one agent. ``columns``, ``rename``, ``module_id`` and ``min_policy_version`` as
+    ``read_step_rows`` takes them."""
 
     def __init__(self, run: Any, rows_per_task: int, evaluation: bool | None, *,
                  columns: Sequence[str] | None = None, rename: dict[str, str] | None = None,
-                 module_id: str | None = None) -> None:
+                 module_id: str | None = None, min_policy_version: int | None = None) -> None:
         super().__init__()
         self.columns, self.rename, self.module_id = columns, rename, module_id
+        self.min_policy_version = min_policy_version
         self.ranges = []  # (path, agent, start, stop, bytes per row)
         for one in run if isinstance(run, (list, tuple)) else [run]:
             for f in one.files_of(evaluation):
@@ -74,10 +82,12 @@ class RecordedStepsDatasource(Datasource):
         tasks = []
         for path, agent, start, stop, row_bytes in self.ranges:
             def read(path: str = path, agent: str = agent, start: int = start, stop: int = stop) -> list[Any]:
-                rows = read_step_rows(path, agent, start, stop, self.columns, self.rename, self.module_id)
+                rows = read_step_rows(path, agent, start, stop, self.columns, self.rename, self.module_id,
+                                      self.min_policy_version)
                 return [BlockAccessor.batch_to_block(rows)]
 
-            meta = BlockMetadata(num_rows=None if self.module_id else stop - start,
+            filtered = self.module_id is not None or self.min_policy_version is not None
+            meta = BlockMetadata(num_rows=None if filtered else stop - start,
                                  size_bytes=(stop - start) * row_bytes, input_files=[path], exec_stats=None)
             tasks.append(ReadTask(read, meta, per_task_row_limit=per_task_row_limit))
         return tasks

@@ -10,8 +10,9 @@ from rllib_recorder.errors import ConfigError
 from rllib_recorder.read.run import open_run
 
 
-def offline_input(*run_dirs: str, module_id: str | None = None, batches_per_iteration: int = 4,
-                  rows_per_task: int = 50_000, evaluation: bool = False, concurrency: int = 1) -> dict[str, Any]:
+def offline_input(*run_dirs: str, module_id: str | None = None, min_policy_version: int | None = None,
+                  batches_per_iteration: int = 4, rows_per_task: int = 50_000, evaluation: bool = False,
+                  concurrency: int = 1) -> dict[str, Any]:
     """Keyword arguments for ``AlgorithmConfig.offline_data()`` that make RLlib read the runs ``run_dirs`` as
     transitions (``obs``, ``new_obs``, ``actions``, ``rewards``, ``terminateds``, ``truncateds``, ``eps_id``).
 
@@ -19,6 +20,8 @@ def offline_input(*run_dirs: str, module_id: str | None = None, batches_per_iter
     memory. A step whose next observation was not stored (the last step of a fragment the run's end cut off) gets
     its own observation as ``new_obs``. A multi-agent run trains one module at a time (``module_id``): its rows are
     single-agent data, which RLlib 2.60 can train on (it can't load multi-agent offline data).
+    ``min_policy_version``: only the steps a policy of at least this version (``weights_seq_no``) took, e.g. the
+    later, better part of a training run.
     ``batches_per_iteration``: train batches each ``train()`` call takes from the data (RLlib's
     ``dataset_num_iters_per_learner``; RLlib 2.60 needs it set with a local learner, and CQL needs it above 1).
     ``concurrency``: RLlib's ``OfflinePreLearner`` actors (one CPU each); raise it on a machine with CPUs to spare,
@@ -46,7 +49,7 @@ def offline_input(*run_dirs: str, module_id: str | None = None, batches_per_iter
         "offline_data_class": RecordedOfflineData,
         "input_read_method": READ_METHOD,
         "input_read_method_kwargs": {"rows_per_task": rows_per_task, "evaluation": evaluation,
-                                     "module_id": module_id},
+                                     "module_id": module_id, "min_policy_version": min_policy_version},
         "dataset_num_iters_per_learner": batches_per_iteration,
         "map_batches_kwargs": {"concurrency": concurrency, "num_cpus": 1},
     }

@@ -15,7 +15,7 @@ TRANSITIONS = ("obs", "next_obs", "actions", "rewards", "terminateds", "truncate
 
 
 def read_runs(paths: Any, *, rows_per_task: int = 50_000, evaluation: bool | None = False,
-              module_id: str | None = None, **ignored: Any) -> Any:
+              module_id: str | None = None, min_policy_version: int | None = None, **ignored: Any) -> Any:
     """A ``ray.data.Dataset`` of transitions in RLlib's columnar format from run directories (read lazily, one task
     per file, agent and row range)."""
     import ray.data
@@ -26,7 +26,8 @@ def read_runs(paths: Any, *, rows_per_task: int = 50_000, evaluation: bool | Non
     runs = [open_run(str(p)) for p in (paths if isinstance(paths, (list, tuple)) else [paths])]
     try:
         source = RecordedStepsDatasource(runs, rows_per_task, evaluation, columns=TRANSITIONS,
-                                         rename={"next_obs": "new_obs"}, module_id=module_id)
+                                         rename={"next_obs": "new_obs"}, module_id=module_id,
+                                         min_policy_version=min_policy_version)
     finally:
         for run in runs:
             run.close()
