@@ -148,3 +148,62 @@ class FailOnceEnv(CountingEnv):
     def __init__(self, config: dict | None = None):
         super().__init__(config)
         self.config_marker = (config or {}).get("marker")
+
+
+class TurnBasedEnv(MultiAgentEnv):
+    """Turn-based with an agent that joins late and leaves early: 'a' acts at even env steps, 'b' at odd ones, 'c'
+    acts at every env step from env_t 2 and terminates at env_t 6 (episodes of 9 to 15 env steps). Both 'a' and 'b'
+    get a reward every step once they have observed, so the one waiting piles up rewards RLlib hands it with its next observation.
+
+    obs = (worker, episode, env_t, agent, its previous action (-1: none), the reward it piled up since its previous
+    observation): a stored row can be checked against the env alone.
+    """
+
+    AGENTS = ("a", "b", "c")
+
+    def __init__(self, config: dict | None = None):
+        super().__init__()
+        self.worker_index = int(getattr(config or {}, "worker_index", 0))
+        space = gym.spaces.Box(-1e6, 1e6, (6,), np.float32)
+        self.agents = self.possible_agents = list(self.AGENTS)
+        self.observation_spaces = {a: space for a in self.AGENTS}
+        self.action_spaces = {a: gym.spaces.Discrete(3) for a in self.AGENTS}
+        self.episode = -1
+        self.t = 0
+
+    def _obs(self, agent):
+        return np.array([self.worker_index, self.episode, self.t, self.AGENTS.index(agent), self.last_action[agent],
+                         self.piled[agent]], np.float32)
+
+    def _observe(self, agents):
+        obs = {a: self._obs(a) for a in agents}
+        for a in agents:
+            self.piled[a] = 0.0
+            self.seen.add(a)
+        return obs
+
+    def reset(self, *, seed=None, options=None):
+        self.episode += 1
+        self.t = 0
+        self.length = 9 + self.episode % 7
+        self.last_action = {a: -1 for a in self.AGENTS}
+        self.piled = {a: 0.0 for a in self.AGENTS}
+        self.seen = set()
+        return self._observe(["a"]), {}
+
+    def step(self, actions):
+        for agent, action in actions.items():
+            self.last_action[agent] = int(action)
+        self.t += 1
+        for agent, reward in (("a", float(self.t)), ("b", 0.5 * self.t), ("c", 0.25 if self.t <= 6 else 0.0)):
+            if agent in self.seen:  # RLlib drops a reward that comes before an agent's first observation
+                self.piled[agent] += reward
+        done = self.t >= self.length
+        observing = ["a", "b"] if done else ["a" if self.t % 2 == 0 else "b"]
+        if 2 <= self.t <= 6:
+            observing.append("c")
+        terminateds = {"__all__": done, **{a: True for a in observing if done}}
+        if self.t == 6:
+            terminateds["c"] = True
+        obs = self._observe(observing)
+        return obs, {a: obs[a][5] for a in observing}, terminateds, {"__all__": False}, {}

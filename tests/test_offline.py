@@ -52,6 +52,31 @@ def test_bc_and_marwil_train_on_every_row_of_a_cartpole_recording(recorded_cartp
         np.testing.assert_array_equal(table["actions"][order], want["actions"][mine])
 
 
+def test_bc_trains_on_every_breakout_frame_stack_as_the_env_runner_saw_it(recorded_breakout):
+    """RLlib's Atari wrappers stack frames in the env: BC reads the recorded stacks (stored as newest uint8 frames,
+    rebuilt float32 84x84x4) exactly as PPO's env runner observed them, and trains its CNN on every row."""
+    import hashlib
+
+    from ray.rllib.algorithms.bc import BCConfig
+
+    from rllib_recorder.commands.envs import make_atari_env
+
+    env = make_atari_env("ale_py:ALE/Breakout-v5", 84, 4, {})
+    with open_run(recorded_breakout) as run:
+        rows = run.num_env_steps
+        want = sorted(hashlib.sha1(o.tobytes() + n.tobytes()).hexdigest() for b in run.iter_batches(64, columns=[
+            "obs", "next_obs"]) for o, n in zip(b["obs"], b["next_obs"]))
+    config = (BCConfig().environment(observation_space=env.observation_space, action_space=env.action_space)
+              .offline_data(**offline_input(recorded_breakout, batches_per_iteration=2))
+              .training(train_batch_size_per_learner=rows // 2))
+    learner, count, table = _train_once(config, rows)
+    assert count == rows and learner["num_module_steps_trained"] == rows
+    assert np.isfinite(learner["policy_loss"])
+    assert table["obs"].shape == (rows, 84, 84, 4) and table["obs"].dtype == np.float32
+    got = sorted(hashlib.sha1(o.tobytes() + n.tobytes()).hexdigest() for o, n in zip(table["obs"], table["new_obs"]))
+    assert got == want
+
+
 def test_cql_trains_on_every_row_of_a_pendulum_recording(ray_session, tmp_path):
     from ray.rllib.algorithms.cql import CQLConfig
     from ray.rllib.algorithms.ppo import PPOConfig

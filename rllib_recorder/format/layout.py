@@ -10,7 +10,7 @@ from rllib_recorder.errors import SchemaError
 
 FORMAT_NAME = "rllib_recorder"
 
-SCHEMA_VERSION = "2.1"
+SCHEMA_VERSION = "2.2"
 
 # Majors this reader reads: 2.0 may store frame stacks as their newest frames (FRAME_STACK_ATTR), which a 1.x
 # reader would return as they are stored; 1.x files hold nothing a 2.0 reader reads differently.
@@ -63,6 +63,7 @@ STEP_COLUMNS = {
     "t": "step index within the agent's episode",
     "weights_seq_no": "behaviour policy version that chose the action (-1: unknown)",
     "agent_index": "old API stack: index of the agent in its env",
+    "env_t": "multi-agent episodes (new stack, 2.2): env step of the observation the action was computed from",
     "extra_model_outputs": "group: action_logp, action_dist_inputs, vf_preds, ...",
 }
 
@@ -76,6 +77,7 @@ FRAGMENT_COLUMNS = {
     "return": "sum of the fragment's rewards",
     "module_id": "RLModule (policy) that acted",
     "has_last_obs": "the fragment stores its final observation",
+    "env_t_last_obs": "multi-agent episodes (new stack, 2.2): env step of last_obs (-1: none)",
     "last_obs": "observation after the fragment's last step (nested: a group)",
     "infos": "JSON list: the info of every observation of the fragment",
     "batch": "row in /batches of the chunk that carried the fragment",

@@ -35,6 +35,8 @@ class Episode:
     start_state_kind: str = ""
     start_state: bytes = field(default=b"", repr=False)
     policy_lag: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    # Multi-agent episodes (new stack, schema 2.2): the env step of each observation in ``obs``; else empty.
+    env_t: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
 
     def __len__(self) -> int:
         return len(self.rewards)

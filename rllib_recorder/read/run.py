@@ -123,6 +123,13 @@ class Run:
                 for eps_id in f.episode_ids(agent):
                     yield f.episode(eps_id, agent)
 
+    def multi_agent_episodes(self, *, evaluation: bool | None = False) -> Iterator[Any]:
+        """Every episode as RLlib's ``MultiAgentEpisode``, all its agents in one, rebuilt env step by env step
+        (new API stack multi-agent runs, schema 2.2), file by file in the order their first fragment was stored."""
+        for f in self.files_of(evaluation):
+            for eps_id in f.episode_ids():
+                yield f.multi_agent_episode(eps_id)
+
     def episode(self, eps_id: str, agent: str | None = None) -> Episode:
         """One episode by id; ``agent`` is needed only for multi-agent runs."""
         for f in self.files:

@@ -11,6 +11,7 @@ import numpy as np
 from rllib_recorder.errors import SchemaError
 from rllib_recorder.format import commits, decode, h5file, probe
 from rllib_recorder.format.lag import rows_learner_version, step_lags
+from rllib_recorder.read.multi_agent import to_multi_agent_episode
 from rllib_recorder.read.records import Batch, Episode
 
 
@@ -184,6 +185,7 @@ class WorkerFile:
                                         for i in where]) if learner is not None else np.full(len(versions), -1))
         return Episode(
             eps_id=eps_id, agent_id=agent, worker_index=self.worker_index, obs=obs,
+            env_t=_env_ts(frags, steps, where, pieces),
             start_state_kind=kind, start_state=state, policy_lag=step_lags(learner_rows, versions),
             actions=read("actions"), rewards=read("rewards"), terminateds=read("terminateds"),
             truncateds=read("truncateds"), t=read("t"), weights_seq_no=versions,
@@ -208,6 +210,13 @@ class WorkerFile:
         with h5file.damaged_file_errors(self.path):
             return self._episode(eps_id, agent)
 
+    def multi_agent_episode(self, eps_id: str) -> Any:
+        """One multi-agent episode, all its agents, as RLlib's ``MultiAgentEpisode`` (``read.multi_agent``)."""
+        agents = [a for a in self.agents if eps_id.encode() in self.fragments(a)["eps_id"]]
+        if not agents:
+            raise KeyError(f"episode {eps_id!r} is not in {self.path}")
+        return to_multi_agent_episode(eps_id, [self.episode(eps_id, a) for a in agents])
+
     def close(self) -> None:
         if self._h5 is not None:
             self._h5.close()
@@ -220,6 +229,25 @@ class WorkerFile:
         rows = {agent: rows for agent, (rows, _) in commit["agents"].items()}
         return (f"WorkerFile({self.path!r}, worker={self.worker_index}, evaluation={self.is_evaluation}, "
                 f"batches={commit['batches']}, rows={rows})")
+
+
+def _env_ts(frags: dict[str, np.ndarray], steps: Any, where: np.ndarray, pieces: list[slice]) -> np.ndarray:
+    """The env step of each of an episode's observations (multi-agent episodes of schema 2.2; else empty): its
+    rows' ``env_t`` and its final observation's ``env_t_last_obs``. A continuing fragment's first row may have
+    -1 (its observation was older than what the sampled episode's map held): it is the previous fragment's last
+    observation, whose env step that fragment has."""
+    if "env_t" not in steps or "env_t_last_obs" not in frags:
+        return np.zeros(0, np.int64)
+    last = frags["env_t_last_obs"]
+    parts = []
+    for j, rows in enumerate(pieces):
+        part = steps["env_t"][rows].astype(np.int64)
+        if len(part) and part[0] < 0 and j:
+            part[0] = last[where[j - 1]]
+        parts.append(part)
+    if last[where[-1]] >= 0:
+        parts.append(last[where[-1]:where[-1] + 1].astype(np.int64))
+    return np.concatenate(parts)
 
 
 def read_node(node: Any, rows: slice) -> Any:

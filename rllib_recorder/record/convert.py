@@ -39,7 +39,8 @@ def episodes_to_chunk(
     episodes: Sequence[Any], options: ConvertOptions = ConvertOptions(), sampled_at_s: float = 0.0
 ) -> Chunk:
     """Converts new-stack ``SingleAgentEpisode``/``MultiAgentEpisode`` fragments to a chunk."""
-    parts: dict[str, list[tuple[Any, str, Any]]] = {}  # agent key -> (episode, episode id, module id)
+    # agent key -> (episode, episode id, module id, env_t of each observation (multi-agent only))
+    parts: dict[str, list[tuple[Any, str, Any, np.ndarray | None]]] = {}
     env_steps = 0
     for episode in episodes:
         if hasattr(episode, "agent_episodes"):
@@ -47,12 +48,14 @@ def episodes_to_chunk(
             for agent_id, agent_episode in episode.agent_episodes.items():
                 if len(agent_episode) == 0:
                     continue
-                parts.setdefault(str(agent_id), []).append((agent_episode, str(episode.id_), agent_episode.module_id))
+                parts.setdefault(str(agent_id), []).append((agent_episode, str(episode.id_), agent_episode.module_id,
+                                                            agent_env_ts(episode, agent_id, agent_episode)))
         else:
             env_steps += len(episode)
             if len(episode) == 0:
                 continue
-            parts.setdefault(agent_key(episode.agent_id), []).append((episode, str(episode.id_), episode.module_id))
+            parts.setdefault(agent_key(episode.agent_id), []).append(
+                (episode, str(episode.id_), episode.module_id, None))
     streams = {key: _episodes_stream(group, options) for key, group in parts.items()}
     return Chunk(streams=streams, env_steps=env_steps, sampled_at_s=sampled_at_s)
 
@@ -133,8 +136,26 @@ def _all_items(buffer: Any) -> Any:
     return buffer.get()
 
 
-def _episodes_stream(items: Sequence[tuple[Any, str, Any]], options: ConvertOptions) -> Stream:
-    """One agent's stream of episode fragments ``(episode, episode id, module id)``, in order.
+def agent_env_ts(episode: Any, agent_id: Any, agent_episode: Any) -> np.ndarray:
+    """The env step (``env_t``, counted from the episode's reset) of each observation an agent's fragment holds,
+    from the multi-agent episode's ``env_t_to_agent_t`` map; -1 for an observation older than the map's lookback
+    (only a continuing fragment's first one can be: it is the previous fragment's last observation, whose
+    ``env_t_last_obs`` the reader takes)."""
+    num_obs = len(agent_episode.observations)
+    out = np.full(num_obs, -1, np.int64)
+    mapping = episode.env_t_to_agent_t.get(agent_id)
+    if mapping is None:
+        return out
+    first, base = agent_episode.t_started, episode.env_t_started - mapping.lookback
+    for j, agent_t in enumerate(mapping.data):
+        if not isinstance(agent_t, str) and 0 <= agent_t - first < num_obs:  # "S": the agent did not step
+            out[agent_t - first] = base + j
+    return out
+
+
+def _episodes_stream(items: Sequence[tuple[Any, str, Any, np.ndarray | None]], options: ConvertOptions) -> Stream:
+    """One agent's stream of episode fragments ``(episode, episode id, module id, env_t of each observation)``,
+    in order.
 
     Only what each episode holds (observations, actions, rewards, model outputs, its last observation) is taken
     episode by episode, as a small stream (image columns encoded there, before anything is concatenated, with
@@ -145,7 +166,8 @@ def _episodes_stream(items: Sequence[tuple[Any, str, Any]], options: ConvertOpti
     parts: list[Stream] = []
     lengths, t_starts, terminated, truncated, has_last, returns = [], [], [], [], [], []
     infos: list[str] = []
-    for episode, eps_id, _ in items:
+    env_ts, env_ts_last = [], []
+    for episode, eps_id, _, obs_env_t in items:
         n = len(episode)
         obs_cols = flatten_value("obs", _all_items(episode.observations), containers)
         num_obs = len(next(iter(obs_cols.values())))
@@ -175,6 +197,9 @@ def _episodes_stream(items: Sequence[tuple[Any, str, Any]], options: ConvertOpti
         part = Stream(steps=steps, fragments=last)
         part = uint8_stream(part) if options.encode_images else part
         parts.append(newest_frames(part, [n]) if options.stack_frames else part)
+        if obs_env_t is not None:
+            env_ts.append(obs_env_t[:n])
+            env_ts_last.append(int(obs_env_t[n]) if has_last_obs else -1)
         lengths.append(n)
         t_starts.append(episode.t_started)
         terminated.append(bool(episode.is_terminated))
@@ -184,15 +209,18 @@ def _episodes_stream(items: Sequence[tuple[Any, str, Any]], options: ConvertOpti
         if options.record_infos:
             infos.append(infos_to_json(_all_items(episode.infos)))
     stream = concat_streams(parts)  # checks that every episode has the same columns; new dicts, or parts[0]'s
-    eps_ids = eps_ids_array([eps_id for _, eps_id, _ in items])
+    eps_ids = eps_ids_array([item[1] for item in items])
     steps = stream.steps
     steps.update(position_columns(lengths, t_starts, terminated, truncated, eps_ids))
     fragments = fragment_columns(
         eps_id=eps_ids, num_rows=lengths, t_start=t_starts, terminated=terminated, truncated=truncated,
-        ret=returns, module_id=[module_id for _, _, module_id in items], has_last_obs=has_last,
+        ret=returns, module_id=[item[2] for item in items], has_last_obs=has_last,
     )
+    if env_ts:  # multi-agent episodes: where each agent's rows sit among the env's steps (schema 2.2)
+        steps["env_t"] = np.concatenate(env_ts)
+        fragments["env_t_last_obs"] = np.asarray(env_ts_last, dtype=np.int64)
     fragments.update(stream.fragments)
-    fragments.update(_start_state_columns([episode for episode, _, _ in items]))
+    fragments.update(_start_state_columns([item[0] for item in items]))
     if options.record_infos:
         fragments["infos"] = np.array(infos, dtype=object)
     for path, kind in list(containers.items()):

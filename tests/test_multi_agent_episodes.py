@@ -1,0 +1,83 @@
+"""A multi-agent run reads back as RLlib MultiAgentEpisodes equal, env step by env step, to what the env produced:
+a turn-based env with an agent that joins late and leaves early, recorded by real PPO on real Ray, with fragments
+short enough that most episodes are cut across samples."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ray.rllib.algorithms.ppo import PPOConfig
+from ray.tune.registry import register_env
+
+from rllib_recorder import RecorderCallback, open_run
+from rllib_recorder.errors import ConversionError
+from tests.envs import TurnBasedEnv
+
+register_env("turn_based", lambda cfg: TurnBasedEnv(cfg))
+
+
+def expected_env_ts(agent: str, length: int) -> list[int]:
+    """The env steps at which ``agent`` observes, in an episode of ``length`` env steps (TurnBasedEnv's rules)."""
+    if agent == "c":
+        return list(range(2, 7))
+    parity = 0 if agent == "a" else 1
+    return [t for t in range(length) if t % 2 == parity] + [length]
+
+
+@pytest.fixture(scope="module")
+def turn_based_run(ray_session, tmp_path_factory):
+    config = (
+        PPOConfig().environment("turn_based", disable_env_checking=True)
+        .env_runners(num_env_runners=1, rollout_fragment_length=7)
+        .multi_agent(policies={"pab", "pc"}, policy_mapping_fn=lambda aid, *a, **k: "pc" if aid == "c" else "pab")
+        .training(train_batch_size=60, minibatch_size=30, num_epochs=1)
+        .callbacks(RecorderCallback.configured(output_dir=str(tmp_path_factory.mktemp("ma") / "rec")))
+    )
+    algo = config.build_algo()
+    results = [algo.train() for _ in range(2)]
+    algo.stop()
+    return results[-1]["recorder"]["run_dir"]
+
+
+def test_multi_agent_episodes_equal_the_env_step_by_step(turn_based_run):
+    seen, done = set(), 0
+    with open_run(turn_based_run) as run:
+        episodes = list(run.multi_agent_episodes())
+        stored_rows = sum(f.num_rows(a) for f in run.files for a in f.agents)
+    assert sum(sum(len(sa) for sa in e.agent_episodes.values()) for e in episodes) == stored_rows
+    for episode in episodes:
+        first = episode.get_observations(indices=0, env_steps=True)
+        assert list(first) == ["a"]
+        worker, number = int(first["a"][0]), int(first["a"][1])
+        assert (worker, number) not in seen  # each episode once, all its chunks in one
+        seen.add((worker, number))
+        length = 9 + number % 7
+        if episode.is_done:
+            done += 1
+            assert episode.is_terminated and episode.env_t == length
+        assert {a: sa.module_id for a, sa in episode.agent_episodes.items()} == {
+            a: "pc" if a == "c" else "pab" for a in episode.agent_episodes}
+        # Every env step: exactly the agents the env let observe, with the observation it gave them.
+        for t in range(episode.env_t + 1):
+            observed = episode.get_observations(indices=t, env_steps=True)
+            want = {a for a in "abc" if t in expected_env_ts(a, length)}
+            assert set(observed) == want, (number, t)
+            for agent, obs in observed.items():
+                assert obs[:4].tolist() == [worker, number, t, "abc".index(agent)]
+        for agent, sa in episode.agent_episodes.items():
+            obs, actions, rewards = sa.get_observations(), sa.get_actions(), sa.get_rewards()
+            assert [int(o[2]) for o in obs] == expected_env_ts(agent, length)[:len(obs)]
+            # the env echoes each action and the rewards piled up while the agent waited in its next observation
+            np.testing.assert_array_equal(actions, obs[1:, 4].astype(np.int64))
+            np.testing.assert_array_equal(rewards, obs[1:, 5])
+            assert sa.is_terminated == (agent == "c" and len(obs) == 5 or episode.is_terminated)
+            assert sa.get_extra_model_outputs("action_logp").shape == (len(actions),)
+    assert done >= 5
+    # every episode the env started, numbers 0..n without a gap
+    assert sorted(n for _, n in seen) == list(range(len(seen)))
+
+
+def test_single_agent_run_refuses_multi_agent_episodes_in_one_line(recorded_cartpole):
+    with open_run(recorded_cartpole) as run:
+        with pytest.raises(ConversionError, match="env_t"):
+            next(run.multi_agent_episodes())
