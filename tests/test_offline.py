@@ -67,8 +67,8 @@ def test_bc_trains_on_every_breakout_frame_stack_as_the_env_runner_saw_it(record
         want = sorted(hashlib.sha1(o.tobytes() + n.tobytes()).hexdigest() for b in run.iter_batches(64, columns=[
             "obs", "next_obs"]) for o, n in zip(b["obs"], b["next_obs"]))
     config = (BCConfig().environment(observation_space=env.observation_space, action_space=env.action_space)
-              .offline_data(**offline_input(recorded_breakout, batches_per_iteration=2))
-              .training(train_batch_size_per_learner=rows // 2))
+              .offline_data(**offline_input(recorded_breakout, batches_per_iteration=1))
+              .training(train_batch_size_per_learner=rows))
     learner, count, table = _train_once(config, rows)
     assert count == rows and learner["num_module_steps_trained"] == rows
     assert np.isfinite(learner["policy_loss"])
