@@ -118,3 +118,17 @@ def test_memory_stays_bounded_by_the_batch_and_the_buffer_not_the_run(recorded_b
           f"peak {large / 1e6:.1f} MB")
     assert steps_large == 6 * steps_small > 0
     assert large < 1.25 * small and large < raw_large / 5  # a block, the buffer, a batch: not the run
+
+
+def test_torch_data_loader_workers_read_every_row_once_between_them(recorded_cartpole):
+    from torch.utils.data import DataLoader
+
+    with open_run(recorded_cartpole) as run:
+        want = np.concatenate([b["obs"] for b in run.iter_batches(1000, columns=["obs"])])
+        dataset = run.torch_dataset(64, columns=["obs", "actions", "next_obs", "agent_id"], shuffle=True, seed=1)
+    for workers in (0, 2):
+        batches = list(DataLoader(dataset, batch_size=None, num_workers=workers))
+        got = np.concatenate([b["obs"].numpy() for b in batches])
+        assert all(b["obs"].dtype.is_floating_point and b["actions"].shape == (len(b["obs"]),) for b in batches)
+        assert all(set(b["agent_id"]) == {"default_agent"} for b in batches)  # strings stay numpy
+        np.testing.assert_array_equal(got[np.lexsort(got.T)], want[np.lexsort(want.T)])

@@ -16,9 +16,6 @@ from rllib_recorder.extras import require_extra
 from rllib_recorder.read.records import Episode
 from rllib_recorder.read.run import Run
 
-# The columns RLlib's OfflinePreLearner maps to episodes (its default input schema).
-RLLIB_COLUMNS = ("eps_id", "obs", "new_obs", "actions", "rewards", "terminateds", "truncateds")
-
 ROWS_PER_PARQUET_FILE = 50_000
 EPISODES_PER_WRITE = 32  # Minari episodes written at a time
 
@@ -34,27 +31,20 @@ def export_rllib(run: Run, out_dir: str, progress: Callable[[int], None] | None 
     _check_single_agent(run, "rllib")
     os.makedirs(out_dir, exist_ok=True)
     files: list[str] = []
-    pending: list[dict[str, np.ndarray]] = []
-
-    def flush() -> None:
-        if not pending:
-            return
-        columns = {k: np.concatenate([p[k] for p in pending]) for k in RLLIB_COLUMNS}
+    # RLlib's OfflinePreLearner's default input schema (new_obs from next_obs)
+    columns = ["eps_id", "obs", "next_obs", "actions", "rewards", "terminateds", "truncateds"]
+    # Every step, also of an episode whose final observation was not stored (its next observation is the
+    # observation itself, as offline_input gives it): read block by block, so memory holds one parquet file's rows.
+    for batch in run.iter_batches(ROWS_PER_PARQUET_FILE, columns=columns):
+        table = {"eps_id": batch["eps_id"].astype(str), "obs": batch["obs"], "new_obs": batch["next_obs"],
+                 **{k: batch[k] for k in ("actions", "rewards", "terminateds", "truncateds")}}
         path = os.path.join(out_dir, f"part-{len(files):05d}.parquet")
-        pq.write_table(BlockAccessor.batch_to_block(columns), path)
+        pq.write_table(BlockAccessor.batch_to_block(table), path)
         files.append(path)
-        pending.clear()
-
-    for episode in run.episodes():
-        if _has_final_obs(episode):
-            pending.append(_episode_columns(episode))
-        if sum(len(p["rewards"]) for p in pending) >= ROWS_PER_PARQUET_FILE:
-            flush()
         if progress is not None:
-            progress(len(episode))
-    flush()
+            progress(len(batch["rewards"]))
     if not files:
-        raise ExportError(f"run {run.path} holds no complete steps to export")
+        raise ExportError(f"run {run.path} holds no steps to export")
     return files
 
 
@@ -152,15 +142,6 @@ def infer_spaces(buffer: Any) -> tuple[Any, Any]:
     if actions.dtype.kind in "iu" and actions.ndim == 1:
         return observation_space, gym.spaces.Discrete(int(actions.max()) + 1)
     return observation_space, gym.spaces.Box(-np.inf, np.inf, actions.shape[1:], actions.dtype)
-
-
-def _episode_columns(episode: Episode) -> dict[str, np.ndarray]:
-    n = len(episode)
-    return {
-        "eps_id": np.full(n, episode.eps_id), "obs": episode.obs[:n], "new_obs": episode.obs[1:n + 1],
-        "actions": episode.actions, "rewards": episode.rewards, "terminateds": episode.terminateds,
-        "truncateds": episode.truncateds,
-    }
 
 
 def _has_final_obs(episode: Episode) -> bool:

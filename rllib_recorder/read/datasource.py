@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 from ray.data import Datasource
 
-from rllib_recorder.read.iterate import Block, read_block, row_bytes_of
+from rllib_recorder.read.iterate import Block, read_block
 from rllib_recorder.read.worker_file import WorkerFile
 
 # What every row carries beside its stored step columns (the DataFrame's ids and lag).
@@ -67,7 +67,7 @@ class RecordedStepsDatasource(Datasource):
         for one in run if isinstance(run, (list, tuple)) else [run]:
             for f in one.files_of(evaluation):
                 for agent in f.agents:
-                    total, row_bytes = f.num_rows(agent), row_bytes_of(f, agent)
+                    total, row_bytes = f.num_rows(agent), f.row_bytes(agent)
                     for start in range(0, total, rows_per_task):
                         self.ranges.append((f.path, agent, start, min(total, start + rows_per_task), row_bytes))
 

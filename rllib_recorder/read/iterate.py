@@ -19,14 +19,12 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from rllib_recorder.errors import ConversionError
-from rllib_recorder.format import decode, h5file
+from rllib_recorder.format import h5file
 from rllib_recorder.format.lag import step_lags
+from rllib_recorder.read.episodes import BLOCK_BYTES, BLOCK_ROWS
 from rllib_recorder.read.worker_file import WorkerFile, read_node
 
 DERIVED = ("next_obs", "has_next_obs", "policy_lag", "worker_index", "agent_id")
-# A block is read at once: at most this many rows, and at most about BLOCK_BYTES of decoded step columns.
-BLOCK_ROWS = 4096
-BLOCK_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -46,20 +44,9 @@ def blocks_of(files: Sequence[WorkerFile], block_bytes: int = BLOCK_BYTES) -> li
     for f in files:
         for agent in f.agents:
             rows = f.num_rows(agent)
-            step = int(min(BLOCK_ROWS, max(1, block_bytes // row_bytes_of(f, agent))))
+            step = int(min(BLOCK_ROWS, max(1, block_bytes // f.row_bytes(agent))))
             out += [Block(f, agent, a, min(a + step, rows)) for a in range(0, rows, step)]
     return out
-
-
-def row_bytes_of(f: WorkerFile, agent: str) -> int:
-    steps = f.h5[f"agents/{agent}/steps"]
-    total = 0
-    for path in f.column_paths(agent):
-        column = steps[path]
-        itemsize = 4 if column.attrs.get("encoding") == "affine_uint8" else column.dtype.itemsize
-        itemsize = 8 if column.dtype == object else itemsize
-        total += int(np.prod(decode.row_shape(column), dtype=np.int64)) * itemsize
-    return max(1, total)
 
 
 def read_block(block: Block, columns: Sequence[str]) -> dict[str, np.ndarray]:
@@ -157,18 +144,24 @@ def _continuation(f: WorkerFile, agent: str, eps_id: bytes, t: int) -> int | Non
 
 def iter_batches(files: Sequence[WorkerFile], batch_size: int, *, columns: Sequence[str] | None = None,
                  shuffle: bool = False, buffer_rows: int = 65_536, buffer_bytes: int = 256 << 20,
-                 seed: int | None = None, drop_last: bool = False,
-                 block_bytes: int = BLOCK_BYTES) -> Iterator[dict[str, np.ndarray]]:
+                 seed: int | None = None, drop_last: bool = False, block_bytes: int = BLOCK_BYTES,
+                 shard: tuple[int, int] | None = None) -> Iterator[dict[str, np.ndarray]]:
     """Batches of ``batch_size`` rows (the last one smaller unless ``drop_last``), as dicts of numpy arrays.
 
     ``shuffle``: blocks are read in a random order and rows leave a buffer of at most ``buffer_rows`` rows and
     ``buffer_bytes`` bytes at random, so memory stays bounded whatever the run's size; ``seed`` makes the order
     repeatable. Without it, rows come file by file, agent by agent, in stored order. ``block_bytes``: how much is
-    read at once.
+    read at once. ``shard=(i, n)``: only every n-th block from the i-th, so n readers (data loader workers) read
+    every row once between them.
     """
     if batch_size < 1:
         raise ConversionError(f"batch_size must be at least 1; it is {batch_size}")
     blocks = blocks_of(files, block_bytes)
+    if shard is not None:
+        index, count = shard
+        if not 0 <= index < count:
+            raise ConversionError(f"shard must be (index, count) with 0 <= index < count; it is {shard}")
+        blocks = blocks[index::count]
     if not blocks:
         return
     columns = list(columns) if columns is not None else [*blocks[0].file.column_paths(blocks[0].agent), "policy_lag"]

@@ -79,14 +79,22 @@ class Run:
 
     def iter_batches(self, batch_size: int = 1024, *, columns: Sequence[str] | None = None, shuffle: bool = False,
                      buffer_rows: int = 65_536, buffer_bytes: int = 256 << 20, seed: int | None = None,
-                     drop_last: bool = False, block_bytes: int = 16 << 20,
+                     drop_last: bool = False, block_bytes: int = 16 << 20, shard: tuple[int, int] | None = None,
                      evaluation: bool | None = False) -> Iterator[dict[str, np.ndarray]]:
         """Numpy batches of steps for your own training loop (``read.iterate``): the stored step columns by path,
         and ``next_obs``, ``has_next_obs``, ``policy_lag``, ``worker_index``, ``agent_id`` when asked for;
         ``shuffle`` within a bounded buffer. Memory holds a block, the buffer and a batch, whatever the run's size."""
         return iter_batches(self.files_of(evaluation), batch_size, columns=columns, shuffle=shuffle,
                             buffer_rows=buffer_rows, buffer_bytes=buffer_bytes, seed=seed, drop_last=drop_last,
-                            block_bytes=block_bytes)
+                            block_bytes=block_bytes, shard=shard)
+
+    def torch_dataset(self, batch_size: int = 1024, **options: Any) -> Any:
+        """A ``torch.utils.data.IterableDataset`` of this run's batches (``iter_batches`` with ``options``) as
+        tensors: ``DataLoader(dataset, batch_size=None, num_workers=N)``; N workers read every row once between
+        them, each opening the run itself."""
+        from rllib_recorder.read.torch_data import RecordedBatches  # imports torch: only when asked
+
+        return RecordedBatches(self.path, batch_size, **options)
 
     def follow(self, *, episodes: bool = False, poll_s: float = 0.5, timeout_s: float | None = None,
                evaluation: bool | None = False) -> Iterator[Batch | Episode]:
@@ -120,8 +128,7 @@ class Run:
             if evaluation is not None and f.is_evaluation != evaluation:
                 continue
             for agent in f.agents:
-                for eps_id in f.episode_ids(agent):
-                    yield f.episode(eps_id, agent)
+                yield from f.iter_episodes(agent)
 
     def multi_agent_episodes(self, *, evaluation: bool | None = False) -> Iterator[Any]:
         """Every episode as RLlib's ``MultiAgentEpisode``, all its agents in one, rebuilt env step by env step

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any, Iterator
 
 import h5py
@@ -11,6 +10,7 @@ import numpy as np
 from rllib_recorder.errors import SchemaError
 from rllib_recorder.format import commits, decode, h5file, probe
 from rllib_recorder.format.lag import rows_learner_version, step_lags
+from rllib_recorder.read import episodes
 from rllib_recorder.read.multi_agent import to_multi_agent_episode
 from rllib_recorder.read.records import Batch, Episode
 
@@ -159,39 +159,34 @@ class WorkerFile:
         where = np.flatnonzero(frags["eps_id"] == eps_id.encode())
         if not len(where):
             raise KeyError(f"episode {eps_id!r} of agent {agent!r} is not in {self.path}")
-        where = where[np.argsort(frags["t_start"][where], kind="stable")]
+        where = where[np.argsort(frags["t_start"][where], kind="stable")].tolist()
+        reader = episodes.Fragments(self, agent, frags, 1, only=where)
+        return episodes.assemble(self, eps_id, agent, frags, where, [reader.take(i) for i in where],
+                                 self._learner_versions())
+
+    def iter_episodes(self, agent: str) -> Iterator[Episode]:
+        """Every episode of ``agent``, streamed block by block (``read.episodes``), in the order its first
+        fragment was stored."""
+        with h5file.damaged_file_errors(self.path):
+            frags = self._fragments(agent)
+            episodes_ = episodes.iter_episodes(self, agent, frags, self.row_bytes(agent), self._learner_versions())
+            yield from episodes_
+
+    def _learner_versions(self) -> np.ndarray | None:
+        """The batch index's learner_version column (None: files written before it existed)."""
+        column = self._node("batches").get("learner_version")
+        return None if column is None else column[:self.commit["batches"]]
+
+    def row_bytes(self, agent: str) -> int:
+        """Bytes of one of ``agent``'s step rows as the reader gives them (uint8 codes as float32, stacks rebuilt)."""
         steps = self._node(f"agents/{agent}/steps")
-        pieces = [slice(int(frags["first_row"][i]), int(frags["first_row"][i] + frags["num_rows"][i])) for i in where]
-        read = lambda path: concat_values([read_node(steps[path], s) for s in pieces])  # noqa: E731
-        last = where[-1]
-        obs = read("obs")
-        frag_group = self._node(f"agents/{agent}/fragments")
-        if frags["has_last_obs"][last]:
-            obs = concat_values([obs, read_node(frag_group["last_obs"], slice(int(last), int(last) + 1))])
-        extras = {k: read(f"extra_model_outputs/{k}") for k in steps.get("extra_model_outputs", {})}
-        infos = None
-        if "infos" in frag_group:
-            infos = []
-            for i in where:
-                fragment_infos = json.loads(frag_group["infos"][i])
-                infos.extend(fragment_infos if not infos else fragment_infos[1:])
-        kind, state = "", b""
-        if "start_state_kind" in frag_group and frags["t_start"][where[0]] == 0:
-            kind = frag_group["start_state_kind"][where[0]].decode()
-            state = frag_group["start_state"][where[0]].tobytes() if kind else b""
-        versions = read("weights_seq_no")
-        learner = self._node("batches").get("learner_version")  # only the column needed, not the whole index
-        learner_rows = (np.concatenate([np.full(int(frags["num_rows"][i]), learner[int(frags["batch"][i])], np.int64)
-                                        for i in where]) if learner is not None else np.full(len(versions), -1))
-        return Episode(
-            eps_id=eps_id, agent_id=agent, worker_index=self.worker_index, obs=obs,
-            env_t=_env_ts(frags, steps, where, pieces),
-            start_state_kind=kind, start_state=state, policy_lag=step_lags(learner_rows, versions),
-            actions=read("actions"), rewards=read("rewards"), terminateds=read("terminateds"),
-            truncateds=read("truncateds"), t=read("t"), weights_seq_no=versions,
-            extra_model_outputs=extras, infos=infos,
-            module_id=frag_group["module_id"][last].decode() if "module_id" in frag_group else "",
-        )
+        total = 0
+        for path in self.column_paths(agent):
+            column = steps[path]
+            itemsize = 4 if column.attrs.get("encoding") == "affine_uint8" else column.dtype.itemsize
+            itemsize = 8 if column.dtype == object else itemsize
+            total += int(np.prod(decode.row_shape(column), dtype=np.int64)) * itemsize
+        return max(1, total)
 
     def batches(self) -> dict[str, np.ndarray]:
         """The batch index: one row per stored chunk."""
@@ -231,25 +226,6 @@ class WorkerFile:
                 f"batches={commit['batches']}, rows={rows})")
 
 
-def _env_ts(frags: dict[str, np.ndarray], steps: Any, where: np.ndarray, pieces: list[slice]) -> np.ndarray:
-    """The env step of each of an episode's observations (multi-agent episodes of schema 2.2; else empty): its
-    rows' ``env_t`` and its final observation's ``env_t_last_obs``. A continuing fragment's first row may have
-    -1 (its observation was older than what the sampled episode's map held): it is the previous fragment's last
-    observation, whose env step that fragment has."""
-    if "env_t" not in steps or "env_t_last_obs" not in frags:
-        return np.zeros(0, np.int64)
-    last = frags["env_t_last_obs"]
-    parts = []
-    for j, rows in enumerate(pieces):
-        part = steps["env_t"][rows].astype(np.int64)
-        if len(part) and part[0] < 0 and j:
-            part[0] = last[where[j - 1]]
-        parts.append(part)
-    if last[where[-1]] >= 0:
-        parts.append(last[where[-1]:where[-1] + 1].astype(np.int64))
-    return np.concatenate(parts)
-
-
 def read_node(node: Any, rows: slice) -> Any:
     if isinstance(node, h5py.Dataset):
         return decode.read_rows(node, rows)
@@ -257,12 +233,3 @@ def read_node(node: Any, rows: slice) -> Any:
     if kind == "tuple":
         return tuple(read_node(node[str(i)], rows) for i in range(len(node)))
     return {k: read_node(v, rows) for k, v in node.items()}
-
-
-def concat_values(parts: list[Any]) -> Any:
-    first = parts[0]
-    if isinstance(first, dict):
-        return {k: concat_values([p[k] for p in parts]) for k in first}
-    if isinstance(first, tuple):
-        return tuple(concat_values([p[i] for p in parts]) for i in range(len(first)))
-    return np.concatenate(parts)
