@@ -7,13 +7,16 @@ random actions, replicated with fresh episode ids to reach the size). Each reade
 
   h5py       plain h5py reading every step column of the file chunk by chunk (the limit: disk + decompression)
   iter       run.iter_batches of obs, actions, rewards, terminateds, truncateds (4096 rows; Breakout 256)
-  iter_next  the same with next_obs and shuffle=True (a 64k-row buffer)
+  iter_u8    the same with decode=False: Atari frames as their stored uint8 codes, stacks rebuilt (Breakout only)
+  iter_next  the same as iter with next_obs and shuffle=True (a 64k-row buffer)
   episodes   run.episodes(): stitched episodes (frame stacks rebuilt)
+  episodes_u8  run.episodes(decode=False) (Breakout only)
   ray1/ray2  run.to_ray_dataset with 1 and 2 read tasks, iter_batches of the same size in the driver
   parquet    RLlib's parquet from `export --to rllib`, read by ray.data.read_parquet (2 CPUs)
   minari     Minari's loader on the `export --to minari` dataset, iterate_episodes
 
-Throughput is env steps/s and MB/s of raw observations (float32, as the reader gives them).
+Throughput is env steps/s and MB/s of the raw observations those steps stand for (float32 stacks, as RLlib's
+env runner held them; the u8 readers hand out a quarter of those bytes).
 
     python benchmarks/bench_read.py --env cartpole --reps 3 --write
     python benchmarks/bench_read.py --env breakout --reps 3 --write
@@ -38,7 +41,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
 
-READERS = ("h5py", "iter", "iter_next", "episodes", "ray1", "ray2", "parquet", "minari")
+READERS = ("h5py", "iter", "iter_u8", "iter_next", "episodes", "episodes_u8", "ray1", "ray2", "parquet", "minari")
+IMAGE_ONLY = ("iter_u8", "episodes_u8")
 COLUMNS = ["obs", "actions", "rewards", "terminateds", "truncateds"]
 OBS_BYTES = {"cartpole": 4 * 4, "breakout": 84 * 84 * 4 * 4}
 # Rows per batch: a Breakout row is 113 KB of float32 frames as the reader gives them (256 rows: 29 MB).
@@ -115,18 +119,19 @@ def read(reader: str, run_dir: str, aux: str) -> dict[str, Any]:
                 for part in dataset.iter_chunks():
                     dataset[part]
             steps = len(group["rewards"])
-    elif reader in ("iter", "iter_next"):
+    elif reader in ("iter", "iter_u8", "iter_next"):
         from rllib_recorder import open_run
 
         with open_run(run_dir) as run:
             columns = COLUMNS + (["next_obs"] if reader == "iter_next" else [])
-            for batch in run.iter_batches(batch_size, columns=columns, shuffle=reader == "iter_next", seed=0):
+            for batch in run.iter_batches(batch_size, columns=columns, shuffle=reader == "iter_next", seed=0,
+                                          decode=reader != "iter_u8"):
                 steps += len(batch["rewards"])
-    elif reader == "episodes":
+    elif reader in ("episodes", "episodes_u8"):
         from rllib_recorder import open_run
 
         with open_run(run_dir) as run:
-            for episode in run.episodes():
+            for episode in run.episodes(decode=reader == "episodes"):
                 steps += len(episode)
     elif reader in ("ray1", "ray2", "parquet"):
         import ray
@@ -172,6 +177,8 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="write the section of docs/BENCHMARKS.md")
     parser.add_argument("--child", nargs=3, metavar=("READER", "RUN", "AUX"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.env != "breakout":
+        args.readers = [r for r in args.readers if r not in IMAGE_ONLY]
     if args.child:
         print(json.dumps(read(*args.child)))
         return

@@ -132,3 +132,22 @@ def test_torch_data_loader_workers_read_every_row_once_between_them(recorded_car
         assert all(b["obs"].dtype.is_floating_point and b["actions"].shape == (len(b["obs"]),) for b in batches)
         assert all(set(b["agent_id"]) == {"default_agent"} for b in batches)  # strings stay numpy
         np.testing.assert_array_equal(got[np.lexsort(got.T)], want[np.lexsort(want.T)])
+
+
+def test_undecoded_frames_are_the_stored_codes_of_the_same_stacks(recorded_breakout):
+    """decode=False gives Atari frame stacks as uint8 codes (a quarter of the bytes), equal after decoding."""
+    with open_run(recorded_breakout) as run:
+        scale, offset = run.files[0].encoding("default_agent", "obs")
+        cols = ["obs", "next_obs", "rewards"]
+        for raw, full in zip(run.iter_batches(100, columns=cols, decode=False), run.iter_batches(100, columns=cols)):
+            assert raw["obs"].dtype == np.uint8 and raw["obs"].shape == full["obs"].shape
+            for key in ("obs", "next_obs"):
+                np.testing.assert_array_equal(raw[key].astype(np.float32) * np.float32(scale) + np.float32(offset),
+                                              full[key])
+        episodes = 0
+        for raw, full in zip(run.episodes(decode=False), run.episodes()):
+            assert raw.eps_id == full.eps_id and raw.obs.dtype == np.uint8
+            np.testing.assert_array_equal(raw.obs.astype(np.float32) * np.float32(scale) + np.float32(offset), full.obs)
+            episodes += 1
+        assert episodes == len(list(run.episodes()))
+        assert run.files[0].encoding("default_agent", "rewards") is None

@@ -32,7 +32,7 @@ class Fragments:
     time (``take(i)`` forgets what it hands out). ``only`` reads just those fragments (random access)."""
 
     def __init__(self, f: "WorkerFile", agent: str, frags: dict[str, np.ndarray], row_bytes: int,
-                 only: Sequence[int] | None = None) -> None:
+                 only: Sequence[int] | None = None, decode: bool = True) -> None:
         from rllib_recorder.read.worker_file import read_node
 
         self._read_node = read_node
@@ -42,7 +42,7 @@ class Fragments:
         self.names = [n for n in STEP_NAMES if n in self.steps]
         self.extras = list(self.steps["extra_model_outputs"]) if "extra_model_outputs" in self.steps else []
         self.rows_per_block = int(min(BLOCK_ROWS, max(1, BLOCK_BYTES // max(row_bytes, 1))))
-        self.only = only
+        self.only, self.decode = only, decode
         self._held: dict[int, dict[str, Any]] = {}
 
     def take(self, i: int) -> dict[str, Any]:
@@ -60,10 +60,11 @@ class Fragments:
                 j += 1
         lo, hi = int(first[i]), int(first[j - 1] + num[j - 1])
         rows = slice(lo, hi)
-        columns = {n: self._read_node(self.steps[n], rows) for n in self.names}
+        columns = {n: self._read_node(self.steps[n], rows, self.decode) for n in self.names}
         columns.update({"extra_model_outputs/" + k: self._read_node(self.steps["extra_model_outputs"][k], rows)
                         for k in self.extras})
-        last_obs = self._read_node(self.group["last_obs"], slice(i, j)) if "last_obs" in self.group else None
+        last_obs = (self._read_node(self.group["last_obs"], slice(i, j), self.decode) if "last_obs" in self.group
+                    else None)
         infos = self.group["infos"][i:j] if "infos" in self.group else None
         kinds = self.group["start_state_kind"][i:j] if "start_state_kind" in self.group else None
         for k in range(i, j):
@@ -116,7 +117,7 @@ def assemble(f: "WorkerFile", eps_id: str, agent: str, frags: dict[str, np.ndarr
 
 
 def iter_episodes(f: "WorkerFile", agent: str, frags: dict[str, np.ndarray], row_bytes: int,
-                  learner: np.ndarray | None) -> Iterator[Episode]:
+                  learner: np.ndarray | None, decode: bool = True) -> Iterator[Episode]:
     """Every episode of ``agent`` in ``f``, streamed (module docstring), in the order its first fragment was stored."""
     n = len(frags["eps_id"])
     if not n:
@@ -126,7 +127,7 @@ def iter_episodes(f: "WorkerFile", agent: str, frags: dict[str, np.ndarray], row
     np.maximum.at(last_of, inverse, np.arange(n))
     rank = np.empty(len(ids), np.int64)
     rank[np.argsort(first_index, kind="stable")] = np.arange(len(ids))
-    reader = Fragments(f, agent, frags, row_bytes)
+    reader = Fragments(f, agent, frags, row_bytes, decode=decode)
     open_: dict[int, list[int]] = {}
     held: dict[int, list[dict[str, Any]]] = {}
     ready: dict[int, Episode] = {}

@@ -37,32 +37,37 @@ class Block:
     stop: int
 
 
-def blocks_of(files: Sequence[WorkerFile], block_bytes: int = BLOCK_BYTES) -> list[Block]:
+def blocks_of(files: Sequence[WorkerFile], block_bytes: int = BLOCK_BYTES, multiple: int = 1) -> list[Block]:
     """Every file's every agent's committed rows, in blocks of at most ``BLOCK_ROWS`` rows and about
-    ``block_bytes`` bytes of step columns as the reader gives them (uint8 codes as float32, stacks rebuilt)."""
+    ``block_bytes`` bytes of step columns as the reader gives them (uint8 codes as float32, stacks rebuilt), or
+    of ``multiple`` rows if those are more; a whole number of ``multiple`` rows (batches are cut from a block
+    without a copy, and a batch spans two blocks only where a file or agent ends)."""
     out = []
     for f in files:
         for agent in f.agents:
             rows = f.num_rows(agent)
             step = int(min(BLOCK_ROWS, max(1, block_bytes // f.row_bytes(agent))))
+            step = max(multiple, step // multiple * multiple)
             out += [Block(f, agent, a, min(a + step, rows)) for a in range(0, rows, step)]
     return out
 
 
-def read_block(block: Block, columns: Sequence[str]) -> dict[str, np.ndarray]:
-    """The asked columns of one block (flat paths; derived ones computed from the fragment index)."""
+def read_block(block: Block, columns: Sequence[str], decode: bool = True) -> dict[str, np.ndarray]:
+    """The asked columns of one block (flat paths; derived ones computed from the fragment index). ``decode``
+    False leaves image columns stored as uint8 codes as codes (``WorkerFile.encoding`` says how to decode)."""
     f, agent, a, b = block.file, block.agent, block.start, block.stop
     stored = f.column_paths(agent)
     with h5file.damaged_file_errors(f.path):
         out: dict[str, np.ndarray] = {}
         for path in columns:
             if path in stored:
-                out[path] = f.column(agent, path, slice(a, b))
+                out[path] = f.column(agent, path, slice(a, b), decode=decode)
             elif path not in DERIVED and not path.startswith("next_obs"):
                 raise ConversionError(f"{f.path} has no step column {path!r} for agent {agent!r}; it has "
                                       f"{', '.join(stored)} and the derived {', '.join(DERIVED)}")
         if any(c.startswith("next_obs") or c == "has_next_obs" for c in columns):
-            next_obs, has_next = _next_obs(f, agent, a, b, [p for p in stored if p.split("/")[0] == "obs"])
+            paths = [p for p in stored if p.split("/")[0] == "obs"]
+            next_obs, has_next = _next_obs(f, agent, a, b, paths, {p: out[p] for p in paths if p in out}, decode)
             out.update({"next_" + p: v for p, v in next_obs.items() if "next_" + p in columns or "next_obs" in columns})
             if "has_next_obs" in columns:
                 out["has_next_obs"] = has_next
@@ -87,7 +92,7 @@ def _fragment_span(f: WorkerFile, agent: str, a: int, b: int) -> tuple[int, int,
 
 
 def _learner_rows(f: WorkerFile, agent: str, a: int, b: int) -> np.ndarray:
-    versions = f.h5["batches"].get("learner_version")
+    versions = f.learner_version_column()
     out = np.full(b - a, -1, np.int64)
     if versions is None:
         return out
@@ -99,16 +104,24 @@ def _learner_rows(f: WorkerFile, agent: str, a: int, b: int) -> np.ndarray:
     return out
 
 
-def _next_obs(f: WorkerFile, agent: str, a: int, b: int, paths: list[str]) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Per observation path, the observation after each row of ``[a, b)``, and whether it is stored."""
+def _next_obs(f: WorkerFile, agent: str, a: int, b: int, paths: list[str], read: dict[str, np.ndarray],
+              decode: bool) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Per observation path, the observation after each row of ``[a, b)``, and whether it is stored; ``read``:
+    the paths' rows ``[a, b)`` where already read (only row ``b`` is read more)."""
     lo, hi, frags = _fragment_span(f, agent, a, b)
     rows = f.num_rows(agent)
-    ahead = {p: f.column(agent, p, slice(a + 1, min(b + 1, rows))) for p in paths}  # rows a+1 .. b
-    nxt = {p: np.concatenate([v, np.zeros(((b - a) - len(v),) + v.shape[1:], dtype=v.dtype)])
-           for p, v in ahead.items()}
+    nxt = {}
+    for p in paths:
+        if p in read:  # rows a+1 .. b-1 are read: one more row
+            more = f.column(agent, p, slice(b, min(b + 1, rows)), decode=decode)
+            ahead = np.concatenate([read[p][1:], more])
+        else:
+            ahead = f.column(agent, p, slice(a + 1, min(b + 1, rows)), decode=decode)  # rows a+1 .. b
+        nxt[p] = (ahead if len(ahead) == b - a
+                  else np.concatenate([ahead, np.zeros(((b - a) - len(ahead),) + ahead.shape[1:], ahead.dtype)]))
     has = np.ones(b - a, bool)
     group = f.h5[f"agents/{agent}/fragments"]
-    last_obs = read_node(group["last_obs"], slice(lo, hi)) if "last_obs" in group and hi > lo else None
+    last_obs = read_node(group["last_obs"], slice(lo, hi), decode) if "last_obs" in group and hi > lo else None
     for i, (first, n) in enumerate(zip(frags["first_row"].tolist(), frags["num_rows"].tolist())):
         end = first + n - 1  # the fragment's last row: its next observation is not the next row
         if not a <= end < b:
@@ -119,10 +132,10 @@ def _next_obs(f: WorkerFile, agent: str, a: int, b: int, paths: list[str]) -> tu
         else:
             follow = _continuation(f, agent, frags["eps_id"][i], int(frags["t_start"][i]) + n)
             if follow is not None:
-                row = {p: f.column(agent, p, slice(follow, follow + 1)) for p in paths}
+                row = {p: f.column(agent, p, slice(follow, follow + 1), decode=decode) for p in paths}
         if row is None:
             has[end - a] = False
-            row = {p: f.column(agent, p, slice(end, end + 1)) for p in paths}
+            row = {p: f.column(agent, p, slice(end, end + 1), decode=decode) for p in paths}
         for p in paths:
             nxt[p][end - a] = row[p][0]
     return nxt, has
@@ -145,18 +158,20 @@ def _continuation(f: WorkerFile, agent: str, eps_id: bytes, t: int) -> int | Non
 def iter_batches(files: Sequence[WorkerFile], batch_size: int, *, columns: Sequence[str] | None = None,
                  shuffle: bool = False, buffer_rows: int = 65_536, buffer_bytes: int = 256 << 20,
                  seed: int | None = None, drop_last: bool = False, block_bytes: int = BLOCK_BYTES,
-                 shard: tuple[int, int] | None = None) -> Iterator[dict[str, np.ndarray]]:
+                 shard: tuple[int, int] | None = None, decode: bool = True) -> Iterator[dict[str, np.ndarray]]:
     """Batches of ``batch_size`` rows (the last one smaller unless ``drop_last``), as dicts of numpy arrays.
 
     ``shuffle``: blocks are read in a random order and rows leave a buffer of at most ``buffer_rows`` rows and
-    ``buffer_bytes`` bytes at random, so memory stays bounded whatever the run's size; ``seed`` makes the order
+    ``buffer_bytes`` bytes at random, so memory stays bounded whatever the run's size (in order: a block of
+    ``block_bytes`` or one batch, whichever is larger, and the batch); ``seed`` makes the order
     repeatable. Without it, rows come file by file, agent by agent, in stored order. ``block_bytes``: how much is
     read at once. ``shard=(i, n)``: only every n-th block from the i-th, so n readers (data loader workers) read
-    every row once between them.
+    every row once between them. ``decode=False``: image columns stored as uint8 codes (Atari frames) come as
+    those codes, stacks rebuilt (a quarter of the bytes: decode on the GPU with ``WorkerFile.encoding``).
     """
     if batch_size < 1:
         raise ConversionError(f"batch_size must be at least 1; it is {batch_size}")
-    blocks = blocks_of(files, block_bytes)
+    blocks = blocks_of(files, block_bytes, 1 if shuffle else batch_size)
     if shard is not None:
         index, count = shard
         if not 0 <= index < count:
@@ -166,12 +181,12 @@ def iter_batches(files: Sequence[WorkerFile], batch_size: int, *, columns: Seque
         return
     columns = list(columns) if columns is not None else [*blocks[0].file.column_paths(blocks[0].agent), "policy_lag"]
     if not shuffle:
-        yield from _in_order((read_block(b, columns) for b in blocks), batch_size, drop_last)
+        yield from _in_order((read_block(b, columns, decode) for b in blocks), batch_size, drop_last)
         return
     rng = np.random.default_rng(seed)
     buffer: _ShuffleBuffer | None = None
     for i in rng.permutation(len(blocks)):
-        block = read_block(blocks[i], columns)
+        block = read_block(blocks[i], columns, decode)
         if buffer is None:
             row_bytes = max(1, sum(v[:1].nbytes for v in block.values()))
             buffer = _ShuffleBuffer(max(batch_size, min(buffer_rows, buffer_bytes // row_bytes)), rng)

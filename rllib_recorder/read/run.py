@@ -80,13 +80,13 @@ class Run:
     def iter_batches(self, batch_size: int = 1024, *, columns: Sequence[str] | None = None, shuffle: bool = False,
                      buffer_rows: int = 65_536, buffer_bytes: int = 256 << 20, seed: int | None = None,
                      drop_last: bool = False, block_bytes: int = 16 << 20, shard: tuple[int, int] | None = None,
-                     evaluation: bool | None = False) -> Iterator[dict[str, np.ndarray]]:
+                     decode: bool = True, evaluation: bool | None = False) -> Iterator[dict[str, np.ndarray]]:
         """Numpy batches of steps for your own training loop (``read.iterate``): the stored step columns by path,
         and ``next_obs``, ``has_next_obs``, ``policy_lag``, ``worker_index``, ``agent_id`` when asked for;
         ``shuffle`` within a bounded buffer. Memory holds a block, the buffer and a batch, whatever the run's size."""
         return iter_batches(self.files_of(evaluation), batch_size, columns=columns, shuffle=shuffle,
                             buffer_rows=buffer_rows, buffer_bytes=buffer_bytes, seed=seed, drop_last=drop_last,
-                            block_bytes=block_bytes, shard=shard)
+                            block_bytes=block_bytes, shard=shard, decode=decode)
 
     def torch_dataset(self, batch_size: int = 1024, **options: Any) -> Any:
         """A ``torch.utils.data.IterableDataset`` of this run's batches (``iter_batches`` with ``options``) as
@@ -122,13 +122,15 @@ class Run:
     def num_env_steps(self) -> int:
         return sum(int(f.batches()["env_steps"].sum()) for f in self.files if f.commit["batches"])
 
-    def episodes(self, *, evaluation: bool | None = False) -> Iterator[Episode]:
-        """Every agent episode, file by file, in the order their first fragment was stored."""
+    def episodes(self, *, decode: bool = True, evaluation: bool | None = False) -> Iterator[Episode]:
+        """Every agent episode, file by file, in the order their first fragment was stored, streamed (memory holds
+        a block and the open episodes); ``decode`` False: image observations stored as uint8 codes (Atari frames)
+        stay codes, stacks rebuilt (``WorkerFile.encoding`` says how to decode them)."""
         for f in self.files:
             if evaluation is not None and f.is_evaluation != evaluation:
                 continue
             for agent in f.agents:
-                yield from f.iter_episodes(agent)
+                yield from f.iter_episodes(agent, decode)
 
     def multi_agent_episodes(self, *, evaluation: bool | None = False) -> Iterator[Any]:
         """Every episode as RLlib's ``MultiAgentEpisode``, all its agents in one, rebuilt env step by env step

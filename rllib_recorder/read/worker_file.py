@@ -140,9 +140,17 @@ class WorkerFile:
         rows = slice(0, self.num_rows(agent))
         return step_lags(self.learner_versions(agent), self.column(agent, "weights_seq_no", rows))
 
-    def column(self, agent: str, path: str, rows: slice = slice(None)) -> Any:
-        """One step column of ``agent`` (nested spaces come back as dicts/tuples)."""
-        return read_node(self._node(f"agents/{agent}/steps/{path}"), rows)
+    def column(self, agent: str, path: str, rows: slice = slice(None), decode: bool = True) -> Any:
+        """One step column of ``agent`` (nested spaces come back as dicts/tuples); ``decode`` False: image columns
+        stored as uint8 codes come as codes (``encoding`` says how to decode them)."""
+        return read_node(self._node(f"agents/{agent}/steps/{path}"), rows, decode)
+
+    def encoding(self, agent: str, path: str) -> tuple[float, float] | None:
+        """``(scale, offset)`` of a step column stored as uint8 codes (value = code * scale + offset), else None."""
+        attrs = self._node(f"agents/{agent}/steps/{path}").attrs
+        if attrs.get("encoding") != "affine_uint8":
+            return None
+        return float(attrs["scale"]), float(attrs["offset"])
 
     def episode_ids(self, agent: str | None = None) -> list[str]:
         agents = [agent] if agent else self.agents
@@ -162,17 +170,17 @@ class WorkerFile:
         where = where[np.argsort(frags["t_start"][where], kind="stable")].tolist()
         reader = episodes.Fragments(self, agent, frags, 1, only=where)
         return episodes.assemble(self, eps_id, agent, frags, where, [reader.take(i) for i in where],
-                                 self._learner_versions())
+                                 self.learner_version_column())
 
-    def iter_episodes(self, agent: str) -> Iterator[Episode]:
+    def iter_episodes(self, agent: str, decode: bool = True) -> Iterator[Episode]:
         """Every episode of ``agent``, streamed block by block (``read.episodes``), in the order its first
-        fragment was stored."""
+        fragment was stored; ``decode`` False: image observations stored as uint8 codes stay codes."""
         with h5file.damaged_file_errors(self.path):
             frags = self._fragments(agent)
-            episodes_ = episodes.iter_episodes(self, agent, frags, self.row_bytes(agent), self._learner_versions())
-            yield from episodes_
+            yield from episodes.iter_episodes(self, agent, frags, self.row_bytes(agent), self.learner_version_column(),
+                                              decode)
 
-    def _learner_versions(self) -> np.ndarray | None:
+    def learner_version_column(self) -> np.ndarray | None:
         """The batch index's learner_version column (None: files written before it existed)."""
         column = self._node("batches").get("learner_version")
         return None if column is None else column[:self.commit["batches"]]
@@ -226,10 +234,10 @@ class WorkerFile:
                 f"batches={commit['batches']}, rows={rows})")
 
 
-def read_node(node: Any, rows: slice) -> Any:
+def read_node(node: Any, rows: slice, decode_codes: bool = True) -> Any:
     if isinstance(node, h5py.Dataset):
-        return decode.read_rows(node, rows)
+        return decode.read_rows(node, rows, decode_codes)
     kind = node.attrs.get("container", "dict")
     if kind == "tuple":
-        return tuple(read_node(node[str(i)], rows) for i in range(len(node)))
-    return {k: read_node(v, rows) for k, v in node.items()}
+        return tuple(read_node(node[str(i)], rows, decode_codes) for i in range(len(node)))
+    return {k: read_node(v, rows, decode_codes) for k, v in node.items()}
