@@ -51,8 +51,6 @@ BATCH = {"cartpole": 4096, "breakout": 256}
 
 def make_run(env: str, gb: float, out: str) -> str:
     """A run directory of one worker file holding at least ``gb`` GB of raw chunk bytes."""
-    from dataclasses import replace
-
     from bench_writer import chunks_of, episodes_from_env
 
     from rllib_recorder.commands.envs import make_atari_env
@@ -187,11 +185,15 @@ def main() -> None:
         run_dir = make_run(args.env, args.gb, work)
         aux = {"parquet": os.path.join(work, "parquet"), "minari": os.path.join(work, "minari")}
         cli = [sys.executable, "-m", "rllib_recorder.cli", "export", run_dir]
-        if "parquet" in args.readers:
-            subprocess.run(cli + ["--to", "rllib", "-o", aux["parquet"]], check=True, stdout=subprocess.DEVNULL)
-        if "minari" in args.readers:
-            subprocess.run(cli + ["--to", "minari", "-o", aux["minari"], "--dataset-id", "rllib-recorder/bench-v0"],
-                           check=True, stdout=subprocess.DEVNULL)
+        exports = {"parquet": ["--to", "rllib", "-o", aux["parquet"]],
+                   "minari": ["--to", "minari", "-o", aux["minari"], "--dataset-id", "rllib-recorder/bench-v0"]}
+        export_s = {}
+        for reader, options in exports.items():
+            if reader in args.readers:
+                start = time.perf_counter()
+                subprocess.run(cli + options, check=True, stdout=subprocess.DEVNULL)
+                export_s[reader] = time.perf_counter() - start
+                print(f"export for {reader}: {export_s[reader]:.0f} s", flush=True)
         results: dict[str, list[dict[str, Any]]] = {r: [] for r in args.readers}
         for rep in range(args.reps):
             for reader in args.readers:
@@ -205,7 +207,9 @@ def main() -> None:
                       f"{result['rss_mb']:.0f} MB RSS", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    table = _table(args.env, results)
+    table = _table(args.env, results) + "".join(
+        f"Export for {reader} (`rllib-recorder export --to {'rllib' if reader == 'parquet' else 'minari'}`): "
+        f"{seconds:.0f} s.\n" for reader, seconds in export_s.items())
     print(table)
     if args.write:
         common.write_section(f"Reading a run, {args.env} (benchmarks/bench_read.py)", table)
