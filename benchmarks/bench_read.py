@@ -178,7 +178,7 @@ def main() -> None:
     if args.env != "breakout":
         args.readers = [r for r in args.readers if r not in IMAGE_ONLY]
     if args.child:
-        print(json.dumps(read(*args.child)))
+        print("RESULT " + json.dumps(read(*args.child)))
         return
     work = tempfile.mkdtemp(prefix="bench_read_")
     try:
@@ -201,7 +201,7 @@ def main() -> None:
                                       capture_output=True, text=True)
                 if proc.returncode:
                     sys.exit(f"{reader} failed: {proc.stderr[-2000:]}")
-                result = json.loads(proc.stdout.strip().splitlines()[-1])
+                result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("RESULT ")][-1][7:])
                 results[reader].append(result)
                 print(f"rep {rep} {reader}: {result['steps'] / result['seconds']:.0f} steps/s, "
                       f"{result['rss_mb']:.0f} MB RSS", flush=True)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from rllib_recorder.read.worker_file import WorkerFile
 
 # A block is read at once: at most this many rows, and at most about BLOCK_BYTES of decoded step columns.
-BLOCK_ROWS = 4096
+BLOCK_ROWS = 65_536
 BLOCK_BYTES = 16 << 20
 STEP_NAMES = ("obs", "actions", "rewards", "terminateds", "truncateds", "t", "weights_seq_no", "env_t")
 
@@ -139,15 +139,18 @@ def iter_episodes(f: "WorkerFile", agent: str, frags: dict[str, np.ndarray], row
         if i != last_of[e]:
             continue
         where, parts = open_.pop(e), held.pop(e)
-        order = np.argsort(frags["t_start"][where], kind="stable")
-        ready[int(rank[e])] = assemble(f, ids[e].decode(), agent, frags, [where[k] for k in order],
-                                       [parts[k] for k in order], learner)
+        if len(where) > 1:
+            order = np.argsort(frags["t_start"][where], kind="stable")
+            where, parts = [where[k] for k in order], [parts[k] for k in order]
+        ready[int(rank[e])] = assemble(f, ids[e].decode(), agent, frags, where, parts, learner)
         while next_rank in ready:
             yield ready.pop(next_rank)
             next_rank += 1
 
 
 def _rows(value: Any, a: int, b: int) -> Any:
+    if type(value) is np.ndarray:  # the common case first: no ABC checks
+        return value[a:b]
     if isinstance(value, dict):
         return {k: _rows(v, a, b) for k, v in value.items()}
     if isinstance(value, tuple):
@@ -161,6 +164,8 @@ def _text(value: Any) -> str:
 
 def concat_values(parts: list[Any]) -> Any:
     first = parts[0]
+    if type(first) is np.ndarray:  # a copy, also of one part: an episode kept must not keep its block
+        return first.copy() if len(parts) == 1 else np.concatenate(parts)
     if isinstance(first, dict):
         return {k: concat_values([p[k] for p in parts]) for k in first}
     if isinstance(first, tuple):

@@ -75,7 +75,7 @@ def _new_episodes(f: WorkerFile, seen: dict[tuple[str, str], int],
         for i in range(seen.get((f.path, agent), 0), len(frags["eps_id"])):
             eps_id = frags["eps_id"][i].decode()
             if done[i]:
-                yield f.episode(eps_id, agent)
+                yield f.episode(eps_id, agent, frags)
                 open_episodes.pop((f.path, agent, eps_id), None)
             else:
                 open_episodes[f.path, agent, eps_id] = None

@@ -10,10 +10,39 @@ with the agent's next observation, where RLlib put them).
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+import numpy as np
 
 from rllib_recorder.errors import ConversionError
 from rllib_recorder.read.records import Episode, unbatch
+
+if TYPE_CHECKING:
+    from rllib_recorder.read.worker_file import WorkerFile
+
+
+def iter_multi_agent_episodes(f: "WorkerFile") -> Iterator[Any]:
+    """Every episode of a file as RLlib's ``MultiAgentEpisode``, as soon as all its agents' episodes are read: each
+    agent's episodes stream (``WorkerFile.iter_episodes``) side by side, one at a time from each, so memory holds
+    the agents' blocks and the episodes some agent has not finished yet."""
+    agents = f.agents
+    members: dict[str, int] = defaultdict(int)  # episode id -> agents it has
+    for agent in agents:
+        for eps_id in np.unique(f.fragments(agent)["eps_id"]).tolist():
+            members[eps_id.decode()] += 1
+    streams = {agent: f.iter_episodes(agent) for agent in agents}
+    held: dict[str, dict[str, Episode]] = defaultdict(dict)
+    while streams:
+        for agent in list(streams):
+            episode = next(streams[agent], None)
+            if episode is None:
+                del streams[agent]
+                continue
+            parts = held[episode.eps_id]
+            parts[agent] = episode
+            if len(parts) == members[episode.eps_id]:
+                del held[episode.eps_id]
+                yield to_multi_agent_episode(episode.eps_id, [parts[a] for a in sorted(parts)])
 
 
 def to_multi_agent_episode(eps_id: str, agents: Sequence[Episode]) -> Any:

@@ -13,6 +13,7 @@ from rllib_recorder.format import layout, probe
 from rllib_recorder.format.manifest import read_manifest
 from rllib_recorder.read.follow import follow
 from rllib_recorder.read.iterate import iter_batches
+from rllib_recorder.read.multi_agent import iter_multi_agent_episodes
 from rllib_recorder.read.records import Batch, Episode
 from rllib_recorder.read.to_tables import to_dataframe
 from rllib_recorder.read.worker_file import WorkerFile
@@ -134,10 +135,9 @@ class Run:
 
     def multi_agent_episodes(self, *, evaluation: bool | None = False) -> Iterator[Any]:
         """Every episode as RLlib's ``MultiAgentEpisode``, all its agents in one, rebuilt env step by env step
-        (new API stack multi-agent runs, schema 2.2), file by file in the order their first fragment was stored."""
+        (new API stack multi-agent runs, schema 2.2), file by file, streamed: each as soon as its agents are read."""
         for f in self.files_of(evaluation):
-            for eps_id in f.episode_ids():
-                yield f.multi_agent_episode(eps_id)
+            yield from iter_multi_agent_episodes(f)
 
     def episode(self, eps_id: str, agent: str | None = None) -> Episode:
         """One episode by id; ``agent`` is needed only for multi-agent runs."""

@@ -25,6 +25,8 @@ class WorkerFile:
     def __init__(self, path: str) -> None:
         self.path = path
         self._h5: h5py.File | None = None
+        self._worker_index: int | None = None
+        self._is_evaluation: bool | None = None
 
     @property
     def h5(self) -> h5py.File:
@@ -60,13 +62,17 @@ class WorkerFile:
 
     @property
     def worker_index(self) -> int:
-        with h5file.damaged_file_errors(self.path):
-            return int(self.h5.attrs["worker_index"])
+        if self._worker_index is None:  # written once when the file is created: read once
+            with h5file.damaged_file_errors(self.path):
+                self._worker_index = int(self.h5.attrs["worker_index"])
+        return self._worker_index
 
     @property
     def is_evaluation(self) -> bool:
-        with h5file.damaged_file_errors(self.path):
-            return bool(self.h5.attrs["is_evaluation"])
+        if self._is_evaluation is None:
+            with h5file.damaged_file_errors(self.path):
+                self._is_evaluation = bool(self.h5.attrs["is_evaluation"])
+        return self._is_evaluation
 
     @property
     def commit(self) -> dict[str, Any]:
@@ -161,9 +167,9 @@ class WorkerFile:
                     seen.setdefault(eps.decode(), None)
         return list(seen)
 
-    def _episode(self, eps_id: str, agent: str) -> Episode:
-        """One agent's episode, read through the episode index (no scan of step data)."""
-        frags = self.fragments(agent)
+    def _episode(self, eps_id: str, agent: str, index: dict[str, np.ndarray] | None = None) -> Episode:
+        """One agent's episode, read through the episode index (``index``: the agent's, when read already)."""
+        frags = self._fragments(agent) if index is None else index
         where = np.flatnonzero(frags["eps_id"] == eps_id.encode())
         if not len(where):
             raise KeyError(f"episode {eps_id!r} of agent {agent!r} is not in {self.path}")
@@ -206,12 +212,11 @@ class WorkerFile:
         with h5file.damaged_file_errors(self.path):
             return self._fragments(agent)
 
-    def episode(self, eps_id: str, agent: str) -> Episode:
-        """One agent's episode, read through the episode index (no scan of step data)."""
-        if eps_id.encode() not in self.fragments(agent)["eps_id"]:
-            raise KeyError(f"episode {eps_id!r} of agent {agent!r} is not in {self.path}")
+    def episode(self, eps_id: str, agent: str, index: dict[str, np.ndarray] | None = None) -> Episode:
+        """One agent's episode, read through the episode index (no scan of step data); ``index``: the agent's
+        ``fragments()``, when the caller has read it (reading many episodes: it is not read again for each)."""
         with h5file.damaged_file_errors(self.path):
-            return self._episode(eps_id, agent)
+            return self._episode(eps_id, agent, index)
 
     def multi_agent_episode(self, eps_id: str) -> Any:
         """One multi-agent episode, all its agents, as RLlib's ``MultiAgentEpisode`` (``read.multi_agent``)."""
