@@ -7,7 +7,7 @@ each a separate process writing through the real ``Outbox`` with real chunks (AL
 Atari wrappers, sent as uint8 newest frames as a runner sends them; CartPole-v1 vectors):
 
   capacity  the senders fill their spools first (a fixed total of env steps split among them); then the writer
-            drains them on one core: env steps/s and MB/s of raw observations per writer CPU second, and the
+            drains them on one core: env steps/s and MB/s of chunk bytes as handed over per writer CPU second, and the
             writer's CPU split (cProfile, a separate pass: spool reading and decoding, the HDF5 append by part)
   live      the senders replay their chunks paced at a real runner's production rate (measured on this machine:
             ``--runner-steps-per-s``) for ``--seconds``, the writer's thread running as in a run with default
@@ -76,8 +76,10 @@ def make_chunks(env: str) -> list[Any]:
     return chunks
 
 
-def raw_obs_bytes(env: str) -> int:
-    return {"cartpole": 16, "breakout": 84 * 84 * 4 * 4}[env]
+def bytes_per_step(env: str) -> float:
+    """Bytes a runner hands over per env step (every column of its chunks, as sent: Breakout's uint8 frames)."""
+    chunks = make_chunks_cached(env)
+    return sum(c.nbytes for c in chunks) / sum(c.env_steps for c in chunks)
 
 
 def sender(run_dir: str, worker_index: int, env: str, steps: int, rate: float, seconds: float,
@@ -238,7 +240,7 @@ def main() -> None:
     try:
         for env in args.env:
             make_chunks_cached(env)  # once, before the senders fork
-            raw = raw_obs_bytes(env)
+            raw = bytes_per_step(env)
             for n in args.senders:
                 caps = [capacity(env, n, work, profile=False) for _ in range(args.reps)]
                 rates = [c["steps"] / c["cpu_s"] for c in caps]
