@@ -105,7 +105,9 @@ def main() -> None:
                         parquet], check=True, stdout=subprocess.DEVNULL)
         # the same steps from RLlib's own format: the export holds every step; its eps_id column is not a version,
         # so the parquet run trains on all of them (a fair read-speed comparison, a larger dataset)
+        # read tasks reserve no CPU, as offline_input's: the evaluation runner and the pre-learner hold both
         bc_parquet = train_bc({"input_": [parquet], "dataset_num_iters_per_learner": 4,
+                               "input_read_method_kwargs": {"num_cpus": 0, "concurrency": 2},
                                "map_batches_kwargs": {"concurrency": 1, "num_cpus": 1}},
                               args.bc_iterations, args.batch)
         print(f"BC from the parquet export: {bc_parquet}", flush=True)

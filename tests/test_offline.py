@@ -77,6 +77,39 @@ def test_bc_trains_on_every_breakout_frame_stack_as_the_env_runner_saw_it(record
     assert got == want
 
 
+def test_bc_with_an_evaluation_runner_on_every_cpu_trains_and_evaluates(recorded_cartpole):
+    """RLlib's actors may hold every CPU (here the pre-learner and an evaluation env runner: the session's 2): the
+    reading must not wait for one. It did, forever, before read tasks stopped reserving a CPU."""
+    import signal
+
+    from ray.rllib.algorithms.bc import BCConfig
+
+    cartpole = gym.make("CartPole-v1")
+    config = (BCConfig().environment("CartPole-v1", observation_space=cartpole.observation_space,
+                                     action_space=cartpole.action_space)
+              .offline_data(**offline_input(recorded_cartpole, batches_per_iteration=2))
+              .training(train_batch_size_per_learner=100)
+              .evaluation(evaluation_interval=2, evaluation_duration=2, evaluation_duration_unit="episodes",
+                          evaluation_num_env_runners=1))
+
+    def hung(*_):
+        raise TimeoutError("BC with an evaluation runner hung: a read task waits for a CPU RLlib's actors hold")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(240)
+    algo = config.build_algo()
+    try:
+        results = [algo.train() for _ in range(2)]
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+        algo.stop()
+        del algo
+        gc.collect()
+    assert all(r["learners"]["default_policy"]["num_module_steps_trained"] == 200 for r in results)
+    assert results[-1]["evaluation"]["env_runners"]["num_episodes"] >= 2
+
+
 def test_cql_trains_on_every_row_of_a_pendulum_recording(ray_session, tmp_path):
     from ray.rllib.algorithms.cql import CQLConfig
     from ray.rllib.algorithms.ppo import PPOConfig

@@ -67,13 +67,14 @@ class Fragments:
                     else None)
         infos = self.group["infos"][i:j] if "infos" in self.group else None
         kinds = self.group["start_state_kind"][i:j] if "start_state_kind" in self.group else None
+        states = self.group["start_state"][i:j] if kinds is not None and any(kinds) else None  # one read a block
         for k in range(i, j):
             a, b = int(first[k]) - lo, int(first[k] + num[k]) - lo
             held = {n: _rows(v, a, b) for n, v in columns.items()}
             held["last_obs"] = _rows(last_obs, k - i, k - i + 1) if last_obs is not None else None
             held["infos"] = json.loads(infos[k - i]) if infos is not None else None
             kind = kinds[k - i].decode() if kinds is not None else ""
-            held["start_state"] = (kind, self.group["start_state"][k].tobytes() if kind else b"")
+            held["start_state"] = (kind, states[k - i].tobytes() if kind and states is not None else b"")
             self._held[k] = held
 
 

@@ -12,7 +12,7 @@ from rllib_recorder.read.run import open_run
 
 def offline_input(*run_dirs: str, module_id: str | None = None, min_policy_version: int | None = None,
                   batches_per_iteration: int = 4, rows_per_task: int = 50_000, evaluation: bool = False,
-                  concurrency: int = 1) -> dict[str, Any]:
+                  concurrency: int = 1, read_tasks: int = 2, read_cpus: float = 0.0) -> dict[str, Any]:
     """Keyword arguments for ``AlgorithmConfig.offline_data()`` that make RLlib read the runs ``run_dirs`` as
     transitions (``obs``, ``new_obs``, ``actions``, ``rewards``, ``terminateds``, ``truncateds``, ``eps_id``).
 
@@ -26,6 +26,9 @@ def offline_input(*run_dirs: str, module_id: str | None = None, min_policy_versi
     ``dataset_num_iters_per_learner``; RLlib 2.60 needs it set with a local learner, and CQL needs it above 1).
     ``concurrency``: RLlib's ``OfflinePreLearner`` actors (one CPU each); raise it on a machine with CPUs to spare,
     or pass ``map_batches_kwargs`` to a later ``offline_data()`` call.
+    ``read_tasks``: Ray Data read tasks at once; each reserves ``read_cpus`` (default none: RLlib's own actors, an
+    evaluation env runner or a remote learner, may hold every CPU, and a read task that waits for one never runs:
+    BC with an evaluation runner on 2 CPUs hung so; reading shares the CPUs instead).
     """
     if batches_per_iteration < 1:
         raise ConfigError(f"batches_per_iteration must be at least 1; it is {batches_per_iteration}")
@@ -49,7 +52,8 @@ def offline_input(*run_dirs: str, module_id: str | None = None, min_policy_versi
         "offline_data_class": RecordedOfflineData,
         "input_read_method": READ_METHOD,
         "input_read_method_kwargs": {"rows_per_task": rows_per_task, "evaluation": evaluation,
-                                     "module_id": module_id, "min_policy_version": min_policy_version},
+                                     "module_id": module_id, "min_policy_version": min_policy_version,
+                                     "read_tasks": read_tasks, "read_cpus": read_cpus},
         "dataset_num_iters_per_learner": batches_per_iteration,
         "map_batches_kwargs": {"concurrency": concurrency, "num_cpus": 1},
     }

@@ -15,9 +15,10 @@ TRANSITIONS = ("obs", "next_obs", "actions", "rewards", "terminateds", "truncate
 
 
 def read_runs(paths: Any, *, rows_per_task: int = 50_000, evaluation: bool | None = False,
-              module_id: str | None = None, min_policy_version: int | None = None, **ignored: Any) -> Any:
+              module_id: str | None = None, min_policy_version: int | None = None, read_cpus: float = 0.0,
+              read_tasks: int | None = 2, **ignored: Any) -> Any:
     """A ``ray.data.Dataset`` of transitions in RLlib's columnar format from run directories (read lazily, one task
-    per file, agent and row range)."""
+    per file, agent and row range; at most ``read_tasks`` at once, each reserving ``read_cpus``)."""
     import ray.data
 
     from rllib_recorder.read.datasource import RecordedStepsDatasource
@@ -31,7 +32,7 @@ def read_runs(paths: Any, *, rows_per_task: int = 50_000, evaluation: bool | Non
     finally:
         for run in runs:
             run.close()
-    return ray.data.read_datasource(source)
+    return ray.data.read_datasource(source, num_cpus=read_cpus, concurrency=read_tasks)
 
 
 class RecordedOfflineData(OfflineData):
