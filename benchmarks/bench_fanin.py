@@ -7,7 +7,8 @@ each a separate process writing through the real ``Outbox`` with real chunks (AL
 Atari wrappers, sent as uint8 newest frames as a runner sends them; CartPole-v1 vectors):
 
   capacity  the senders fill their spools first (a fixed total of env steps split among them); then the writer
-            drains them on one core: env steps/s and MB/s of chunk bytes as handed over per writer CPU second, and the
+            drains them on one core: env steps/s and MB/s raw (every column as sampled, Breakout's frames as the float32
+            stacks they stand for) per writer CPU second, and the
             writer's CPU split (cProfile, a separate pass: spool reading and decoding, the HDF5 append by part)
   live      the senders replay their chunks paced at a real runner's production rate (measured on this machine:
             ``--runner-steps-per-s``) for ``--seconds``, the writer's thread running as in a run with default
@@ -77,7 +78,7 @@ def make_chunks(env: str) -> list[Any]:
 
 
 def bytes_per_step(env: str) -> float:
-    """Bytes a runner hands over per env step (every column of its chunks, as sent: Breakout's uint8 frames)."""
+    """Raw bytes per env step: every column as sampled (``Chunk.nbytes``: Breakout's frames as float32 stacks)."""
     chunks = make_chunks_cached(env)
     return sum(c.nbytes for c in chunks) / sum(c.env_steps for c in chunks)
 
@@ -257,7 +258,7 @@ def main() -> None:
             print(lines[-1], flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    table = ("| env | senders | writer env steps per CPU s | MB/s of raw obs per CPU s | runners one writer serves | "
+    table = ("| env | senders | writer env steps per CPU s | MB/s raw per CPU s | runners one writer serves | "
              "live commit latency p50 / p99 s | live writer CPU | sender CPU us per chunk |\n"
              "|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n\n"
              f"Runners served: the writer's capacity over a runner's production on this machine "
