@@ -151,19 +151,21 @@ class FailOnceEnv(CountingEnv):
 
 
 class TurnBasedEnv(MultiAgentEnv):
-    """Turn-based with an agent that joins late and leaves early: 'a' acts at even env steps, 'b' at odd ones, 'c'
-    acts at every env step from env_t 2 and terminates at env_t 6 (episodes of 9 to 15 env steps). Both 'a' and 'b'
-    get a reward every step once they have observed, so the one waiting piles up rewards RLlib hands it with its next observation.
+    """Turn-based with an agent that joins late and leaves early: the turn agents (``config["turns"]``, default
+    'a' and 'b') take turns, agent i of n observing at the env steps t with t % n == i, and all of them at the end;
+    'c' acts at every env step from env_t 2 and terminates at env_t 6 (episodes of 9 to 15 env steps). Turn agent i
+    gets t / (i + 1) at every step once it has observed, so the ones waiting pile up rewards RLlib hands them with
+    their next observation.
 
     obs = (worker, episode, env_t, agent, its previous action (-1: none), the reward it piled up since its previous
     observation): a stored row can be checked against the env alone.
     """
 
-    AGENTS = ("a", "b", "c")
-
     def __init__(self, config: dict | None = None):
         super().__init__()
         self.worker_index = int(getattr(config or {}, "worker_index", 0))
+        self.turns = tuple((config or {}).get("turns", ("a", "b")))
+        self.AGENTS = self.turns + ("c",)
         space = gym.spaces.Box(-1e6, 1e6, (6,), np.float32)
         self.agents = self.possible_agents = list(self.AGENTS)
         self.observation_spaces = {a: space for a in self.AGENTS}
@@ -195,11 +197,12 @@ class TurnBasedEnv(MultiAgentEnv):
         for agent, action in actions.items():
             self.last_action[agent] = int(action)
         self.t += 1
-        for agent, reward in (("a", float(self.t)), ("b", 0.5 * self.t), ("c", 0.25 if self.t <= 6 else 0.0)):
+        rewards = [(agent, self.t / (i + 1)) for i, agent in enumerate(self.turns)]
+        for agent, reward in rewards + [("c", 0.25 if self.t <= 6 else 0.0)]:
             if agent in self.seen:  # RLlib drops a reward that comes before an agent's first observation
                 self.piled[agent] += reward
         done = self.t >= self.length
-        observing = ["a", "b"] if done else ["a" if self.t % 2 == 0 else "b"]
+        observing = list(self.turns) if done else [self.turns[self.t % len(self.turns)]]
         if 2 <= self.t <= 6:
             observing.append("c")
         terminateds = {"__all__": done, **{a: True for a in observing if done}}
