@@ -18,8 +18,9 @@ Atari wrappers, sent as uint8 newest frames as a runner sends them; CartPole-v1 
 
 From capacity: runners one writer serves = writer env steps per CPU second / a runner's production rate.
 
-    python benchmarks/bench_fanin.py --write
+    python benchmarks/bench_fanin.py --write          # the table in docs/BENCHMARKS.md and docs/fanin.png
     python benchmarks/bench_fanin.py --env cartpole --senders 1 4 --seconds 5
+    python benchmarks/bench_fanin.py --chart-only     # redraws docs/fanin.png from the table
 """
 
 from __future__ import annotations
@@ -48,6 +49,52 @@ import common  # noqa: E402
 PRODUCTION = {"cartpole": 1200.0, "breakout": 110.0}
 CHUNK_ROWS = {"cartpole": 500, "breakout": 100}
 CAPACITY_STEPS = {"cartpole": 400_000, "breakout": 6_000}
+TARGET_RUNNERS = {"cartpole": 64, "breakout": 16}  # the issue's: one writer on one core serves at least these
+SECTION = "Fan-in: env runners per writer (benchmarks/bench_fanin.py)"
+CHART = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "fanin.png")
+
+
+def draw_chart(rows: list[tuple[str, int, float]], path: str = CHART) -> None:
+    """Runners one writer serves against senders, per env, with the targets: ``rows`` are (env, senders, runners)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for env, color in (("cartpole", "tab:blue"), ("breakout", "tab:orange")):
+        points = sorted((n, r) for e, n, r in rows if e == env)
+        if not points:
+            continue
+        ax.plot([n for n, _ in points], [r for _, r in points], marker="o", color=color, label=f"{env}")
+        ax.axhline(TARGET_RUNNERS[env], color=color, linestyle=":", linewidth=1,
+                   label=f"{env} target ({TARGET_RUNNERS[env]})")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    senders = sorted({n for _, n, _ in rows})
+    ax.set_xticks(senders, [str(n) for n in senders])
+    ax.set_ylim(bottom=min([10.0] + [r / 2 for _, _, r in rows]))
+    ax.set_xlabel("senders (env runners) feeding one writer")
+    ax.set_ylabel("runners one writer serves\n(capacity per CPU s / production)")
+    ax.set_title("Fan-in: one writer on one core", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", linewidth=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+def rows_from_doc() -> list[tuple[str, int, float]]:
+    """(env, senders, runners served) from the table of docs/BENCHMARKS.md."""
+    text = open(common.DOC).read()
+    section = text[text.index(f"<!-- {SECTION}:start -->"):text.index(f"<!-- {SECTION}:end -->")]
+    rows = []
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) >= 5 and cells[0] in TARGET_RUNNERS and cells[1].isdigit():
+            rows.append((cells[0], int(cells[1]), float(cells[4])))
+    return rows
 
 
 def make_chunks(env: str) -> list[Any]:
@@ -235,9 +282,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each live pass")
     parser.add_argument("--reps", type=int, default=2, help="capacity passes per sender count")
     parser.add_argument("--write", action="store_true")
+    parser.add_argument("--chart-only", action="store_true", help="redraw docs/fanin.png from the written table")
     args = parser.parse_args()
+    if args.chart_only:
+        draw_chart(rows_from_doc())
+        return
     work = tempfile.mkdtemp(prefix="bench_fanin_")
-    lines = []
+    lines, served = [], []
     try:
         for env in args.env:
             make_chunks_cached(env)  # once, before the senders fork
@@ -247,6 +298,7 @@ def main() -> None:
                 rates = [c["steps"] / c["cpu_s"] for c in caps]
                 lv = live(env, n, work, args.seconds, PRODUCTION[env])
                 serves = np.median(rates) / PRODUCTION[env]
+                served.append((env, n, float(serves)))
                 line = (f"| {env} | {n} | {common.cell(rates, '{:.0f}')} | {np.median(rates) * raw / 1e6:.0f} | "
                         f"{serves:.0f} | {lv['p50']:.2f} / {lv['p99']:.2f} | {100 * lv['cpu_share']:.0f}% | "
                         f"{np.median([c['sender_us'] for c in caps]):.0f} |")
@@ -267,7 +319,8 @@ def main() -> None:
              f"2 s). Chunks of {CHUNK_ROWS['cartpole']} CartPole / {CHUNK_ROWS['breakout']} Breakout rows.\n")
     print(table)
     if args.write:
-        common.write_section("Fan-in: env runners per writer (benchmarks/bench_fanin.py)", table)
+        common.write_section(SECTION, table)
+        draw_chart(served)
 
 
 if __name__ == "__main__":
