@@ -33,12 +33,16 @@ def step_lags(learner_version: np.ndarray, weights_seq_no: np.ndarray) -> np.nda
 
 
 def rows_learner_version(fragments: dict[str, np.ndarray], batch_learner_version: np.ndarray,
-                         num_rows: int) -> np.ndarray:
-    """The learner version of every step row of one agent, from its episode index and the batch index."""
+                         num_rows: int, start: int = 0) -> np.ndarray:
+    """The learner version of step rows ``start .. start + num_rows`` of one agent, from its episode index (the
+    fragments holding those rows, or all of them) and the batch index."""
     out = np.full(num_rows, UNKNOWN, np.int64)
+    stop = start + num_rows
     for batch, first, n in zip(fragments["batch"].tolist(), fragments["first_row"].tolist(),
                                fragments["num_rows"].tolist()):
-        out[first:first + n] = batch_learner_version[batch]
+        lo, hi = max(first, start), min(first + n, stop)
+        if hi > lo:
+            out[lo - start:hi - start] = batch_learner_version[batch]
     return out
 
 

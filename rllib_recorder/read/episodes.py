@@ -93,8 +93,8 @@ def assemble(f: "WorkerFile", eps_id: str, agent: str, frags: dict[str, np.ndarr
             infos.extend(p["infos"] if not infos else p["infos"][1:])
     kind, state = parts[0]["start_state"] if frags["t_start"][where[0]] == 0 else ("", b"")
     versions = cat("weights_seq_no")
-    learner_rows = (np.concatenate([np.full(int(frags["num_rows"][i]), learner[int(frags["batch"][i])], np.int64)
-                                    for i in where]) if learner is not None else np.full(len(versions), -1))
+    learner_rows = (np.repeat(learner[frags["batch"][where]].astype(np.int64), frags["num_rows"][where])
+                    if learner is not None else np.full(len(versions), -1))
     env_t = np.zeros(0, np.int64)
     if "env_t" in parts[0] and "env_t_last_obs" in frags:
         pieces = []
@@ -171,4 +171,4 @@ def concat_values(parts: list[Any]) -> Any:
         return {k: concat_values([p[k] for p in parts]) for k in first}
     if isinstance(first, tuple):
         return tuple(concat_values([p[i] for p in parts]) for i in range(len(first)))
-    return np.concatenate(parts)  # a copy, also of one part: an episode kept must not keep its block
+    return np.concatenate(parts)

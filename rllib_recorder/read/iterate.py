@@ -20,7 +20,7 @@ import numpy as np
 
 from rllib_recorder.errors import ConversionError
 from rllib_recorder.format import h5file
-from rllib_recorder.format.lag import step_lags
+from rllib_recorder.format.lag import rows_learner_version, step_lags
 from rllib_recorder.read.episodes import BLOCK_BYTES, BLOCK_ROWS
 from rllib_recorder.read.worker_file import WorkerFile, read_node
 
@@ -93,15 +93,9 @@ def _fragment_span(f: WorkerFile, agent: str, a: int, b: int) -> tuple[int, int,
 
 def _learner_rows(f: WorkerFile, agent: str, a: int, b: int) -> np.ndarray:
     versions = f.learner_version_column()
-    out = np.full(b - a, -1, np.int64)
     if versions is None:
-        return out
-    _, _, frags = _fragment_span(f, agent, a, b)
-    for batch, first, n in zip(frags["batch"].tolist(), frags["first_row"].tolist(), frags["num_rows"].tolist()):
-        lo, hi = max(first, a), min(first + n, b)
-        if hi > lo:
-            out[lo - a:hi - a] = versions[int(batch)]
-    return out
+        return np.full(b - a, -1, np.int64)
+    return rows_learner_version(_fragment_span(f, agent, a, b)[2], versions, b - a, start=a)
 
 
 def _next_obs(f: WorkerFile, agent: str, a: int, b: int, paths: list[str], read: dict[str, np.ndarray],

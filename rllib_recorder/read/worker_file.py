@@ -27,6 +27,7 @@ class WorkerFile:
         self._h5: h5py.File | None = None
         self._worker_index: int | None = None
         self._is_evaluation: bool | None = None
+        self._learner_versions: tuple[int, np.ndarray | None] | None = None  # (committed batches, column)
 
     @property
     def h5(self) -> h5py.File:
@@ -187,9 +188,13 @@ class WorkerFile:
                                               decode)
 
     def learner_version_column(self) -> np.ndarray | None:
-        """The batch index's learner_version column (None: files written before it existed)."""
-        column = self._node("batches").get("learner_version")
-        return None if column is None else column[:self.commit["batches"]]
+        """The batch index's learner_version column (None: files written before it existed), read again only when
+        the file has committed more batches (reading episodes one by one, each needs it)."""
+        batches = self.commit["batches"]
+        if self._learner_versions is None or self._learner_versions[0] != batches:
+            column = self._node("batches").get("learner_version")
+            self._learner_versions = (batches, None if column is None else column[:batches])
+        return self._learner_versions[1]
 
     def row_bytes(self, agent: str) -> int:
         """Bytes of one of ``agent``'s step rows as the reader gives them (uint8 codes as float32, stacks rebuilt)."""
@@ -220,10 +225,11 @@ class WorkerFile:
 
     def multi_agent_episode(self, eps_id: str) -> Any:
         """One multi-agent episode, all its agents, as RLlib's ``MultiAgentEpisode`` (``read.multi_agent``)."""
-        agents = [a for a in self.agents if eps_id.encode() in self.fragments(a)["eps_id"]]
+        indexes = {a: self.fragments(a) for a in self.agents}
+        agents = [a for a, index in indexes.items() if eps_id.encode() in index["eps_id"]]
         if not agents:
             raise KeyError(f"episode {eps_id!r} is not in {self.path}")
-        return to_multi_agent_episode(eps_id, [self.episode(eps_id, a) for a in agents])
+        return to_multi_agent_episode(eps_id, [self.episode(eps_id, a, indexes[a]) for a in agents])
 
     def close(self) -> None:
         if self._h5 is not None:
