@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from rllib_recorder.errors import ConfigError, OutputDirError
+from rllib_recorder.format.store import is_uri, public_uri
 
 BACKPRESSURE_POLICIES = ("block", "drop")
 COMPRESSIONS = ("gzip", "lzf", "none")
@@ -21,7 +22,21 @@ class RecorderConfig:
     """Settings of one recording; validated once, when built.
 
     Attributes:
-        output_dir: Directory under which each run gets its own sub-directory.
+        output_dir: Directory under which each run gets its own sub-directory: a local path, or a
+            durable target as Tune's ``storage_path`` takes it (``s3://bucket/prefix``, ``gs://...``,
+            ``abfs://...``; S3 options as URI query, e.g. ``?endpoint_override=host:port``). A target is
+            written through a local staging directory, in sealed segments (docs/guide.md, "Several nodes").
+        storage_filesystem: A ``pyarrow.fs.FileSystem`` that ``output_dir`` is a path in (Tune's
+            ``storage_filesystem``): credentials and endpoints of your own.
+        staging_dir: Where writers stage a durable target's files on each node (default: the temp dir's
+            ``rllib_recorder_staging``). Set with a local ``output_dir`` on a shared file system, it
+            makes that directory a durable target too.
+        segment_bytes: A staged file is sealed into a segment and uploaded once it holds this many bytes...
+        segment_s: ... or once it is this many seconds old: what a lost node can lose at most.
+        max_upload_backlog_bytes: Sealed segments a writer keeps while the target refuses them (retried
+            with backoff); past it the writer stops taking chunks and ``backpressure`` applies.
+        check_uploads: Read every uploaded segment back and compare its SHA-256 before the local copy goes
+            (always: its size).
         run_name: Name of the run directory; default: ``<algo>-<env>-<time>-<id>``
             (the trial name under Tune).
         num_writers: Writer actors in the pool; env runner k writes through
@@ -75,6 +90,12 @@ class RecorderConfig:
     """
 
     output_dir: str = "recordings"
+    storage_filesystem: Any = None
+    staging_dir: str | None = None
+    segment_bytes: int = 64 << 20
+    segment_s: float = 120.0
+    max_upload_backlog_bytes: int = 4 << 30
+    check_uploads: bool = True
     run_name: str | None = None
     num_writers: int = 1
     max_backlog_bytes: int = 256 << 20
@@ -120,7 +141,17 @@ class RecorderConfig:
             _fail("output_dir", self.output_dir, "name a directory, e.g. 'recordings'")
         # Relative to where the user started the program, resolved now, in the process that makes the config:
         # Tune changes a trial's working dir to its trial dir before the recorder starts in it.
-        object.__setattr__(self, "output_dir", absolute_output_dir(self.output_dir))
+        if not is_uri(self.output_dir):
+            object.__setattr__(self, "output_dir", absolute_output_dir(self.output_dir))
+        if self.staging_dir is not None:
+            object.__setattr__(self, "staging_dir", absolute_output_dir(self.staging_dir))
+        _check_int(self, "segment_bytes", 1 << 20, "seal segments of at least 1 MiB (1048576)")
+        _check_int(self, "max_upload_backlog_bytes", 1 << 20, "allow at least 1 MiB (1048576) of upload backlog")
+        if not self.segment_s > 0:
+            _fail("segment_s", self.segment_s, "use a number of seconds > 0")
+        fs = self.storage_filesystem
+        if fs is not None and not all(hasattr(fs, m) for m in ("open_output_stream", "get_file_info", "move")):
+            _fail("storage_filesystem", fs, "pass a pyarrow.fs.FileSystem, e.g. pyarrow.fs.S3FileSystem(...)")
         if self.run_name is not None and (not self.run_name.strip() or os.sep in self.run_name or "/" in self.run_name
                                           or "\0" in self.run_name or self.run_name in (".", "..")):
             _fail("run_name", self.run_name, "use a plain directory name without '/'")
@@ -129,6 +160,8 @@ class RecorderConfig:
     def from_dict(cls, settings: Mapping[str, Any] | None) -> "RecorderConfig":
         """Builds a config from a mapping (e.g. a YAML ``recorder:`` block)."""
         settings = dict(settings or {})
+        if isinstance(settings.get("storage_filesystem"), str):  # a manifest names it by type only
+            settings.pop("storage_filesystem")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted((k for k in settings if k not in known), key=repr)
         if unknown:
@@ -140,15 +173,37 @@ class RecorderConfig:
         return cls(**settings)
 
     def to_dict(self) -> dict[str, Any]:
-        """The settings as a plain, JSON-serialisable dict."""
-        return dataclasses.asdict(self)
+        """The settings as a plain, JSON-serialisable dict (a file system by its type; a URI without
+        credentials)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["omit_env_config_keys"] = list(self.omit_env_config_keys)
+        out["output_dir"] = public_uri(self.output_dir)
+        if self.storage_filesystem is not None:
+            out["storage_filesystem"] = type(self.storage_filesystem).__name__
+        return out
+
+    @property
+    def durable(self) -> bool:
+        """Whether files go to a durable target through staging (``output_dir`` a URI or in a given file
+        system, or ``staging_dir`` set)."""
+        return is_uri(self.output_dir) or self.storage_filesystem is not None or self.staging_dir is not None
+
+    def staging_root(self) -> str:
+        return self.staging_dir or os.path.join(tempfile.gettempdir(), "rllib_recorder_staging")
 
     def replace(self, **changes: Any) -> "RecorderConfig":
         """A copy with some settings changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
     def check_output_dir(self) -> str:
-        """Creates ``output_dir`` if needed and proves it writable; returns its absolute path."""
+        """Creates ``output_dir`` if needed and proves it writable; returns its absolute path (a durable
+        target: the staging root here, the target checked too)."""
+        if self.durable:
+            from rllib_recorder.format import store
+
+            store.check_writable(store.resolve(self.output_dir, self.storage_filesystem))
+            return self.replace(output_dir=self.staging_root(), staging_dir=None,
+                                storage_filesystem=None).check_output_dir()
         path = os.path.abspath(os.path.expanduser(self.output_dir))
         try:
             os.makedirs(path, exist_ok=True)

@@ -36,6 +36,10 @@ class StorageOptions:
     # that the on-disk index still points at (see docs/RELIABILITY.md); the dead space is
     # compacted away on close. "fsm" is HDF5's default (reuses freed space at once).
     file_space: str = "none"
+    # Seal a file into a segment (format.segments) once it holds this many bytes or is this many seconds old
+    # (0: never; files are segmented only when the run records to a durable target).
+    segment_bytes: int = 0
+    segment_s: float = 0.0
 
 
 # Rows per chunk of a column of small rows. Every append recompresses each column's partial last chunk, so

@@ -11,7 +11,9 @@ import numpy as np
 from rllib_recorder.errors import SchemaError
 from rllib_recorder.format import layout, probe
 from rllib_recorder.format.manifest import read_manifest
+from rllib_recorder.format.store import is_uri
 from rllib_recorder.read.follow import follow
+from rllib_recorder.read.remote import local_copy
 from rllib_recorder.read.iterate import iter_batches
 from rllib_recorder.read.multi_agent import iter_multi_agent_episodes
 from rllib_recorder.read.records import Batch, Episode
@@ -26,7 +28,10 @@ class Run:
         raise TypeError(f"{type(self).__name__} holds its worker files, opened lazily and can't be pickled: "
                         "send the run directory and call rllib_recorder.open_run(path) in the other process")
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, filesystem: Any = None, cache_dir: str | None = None) -> None:
+        self.uri: str | None = None  # a run at a durable target: read from its local copy
+        if is_uri(path) or filesystem is not None:
+            self.uri, path = path, local_copy(path, filesystem, cache_dir)
         if not os.path.isdir(path):
             raise SchemaError(f"{path} is not a directory; pass the run directory (it holds manifest.json)")
         self.path = path
@@ -34,6 +39,12 @@ class Run:
         layout.check_version(self.manifest.get("schema_version"), os.path.join(path, "manifest.json"))
         self.files = [WorkerFile(p) for p in sorted(glob.glob(os.path.join(path, "*.h5")))]
         probe.ensure_readable(f.path for f in self.files)  # one child for all files
+        for f in self.files:  # an index's segments must all be there: HDF5 reads a missing one as zeros
+            missing = f.missing_segments()
+            if missing:
+                raise SchemaError(f"{f.path} names segments that are not there ({missing[0]}"
+                                  f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}); copy the "
+                                  "run's segments/ folder with it, or open the run at its target URI")
 
     def __enter__(self) -> "Run":
         return self
@@ -151,6 +162,8 @@ class Run:
         return f"Run({self.path!r}, files={len(self.files)}, status={self.manifest.get('status')!r})"
 
 
-def open_run(path: str) -> Run:
-    """Opens a run directory for reading."""
-    return Run(os.fspath(path))
+def open_run(path: str, *, filesystem: Any = None, cache_dir: str | None = None) -> Run:
+    """Opens a run for reading: a run directory, or a run at a durable target (``s3://bucket/prefix/run``, or a
+    path in ``filesystem``, a ``pyarrow.fs.FileSystem``), whose segments are copied once into ``cache_dir``
+    (default ``~/.cache/rllib_recorder``, or ``$RLLIB_RECORDER_CACHE``)."""
+    return Run(path if is_uri(path) else os.fspath(path), filesystem=filesystem, cache_dir=cache_dir)

@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 
 from rllib_recorder.errors import SchemaError
-from rllib_recorder.format import commits, decode, h5file, probe
+from rllib_recorder.format import commits, decode, h5file, probe, segments
 from rllib_recorder.format.lag import rows_learner_version, step_lags
 from rllib_recorder.read import episodes
 from rllib_recorder.read.multi_agent import to_multi_agent_episode
@@ -60,6 +60,12 @@ class WorkerFile:
             error = e
         raise SchemaError(f"{self.path} is damaged: {path} is unreadable ({str(error).strip()}); run "
                           "'rllib-recorder recover', or move the file out of the run directory") from None
+
+    def missing_segments(self) -> list[str]:
+        """The segment files this index names that are not beside it, or not whole ([] for a plain file)."""
+        with h5file.damaged_file_errors(self.path):
+            records = segments.segment_list(self.h5)
+        return segments.verify_local(self.path, records) if records else []
 
     @property
     def worker_index(self) -> int:

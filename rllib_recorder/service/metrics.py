@@ -15,6 +15,10 @@ RUNNER_SUMS = ("samples", "chunks_written", "env_steps_sampled", "env_steps_writ
                "env_steps_dropped", "rows_dropped", "chunks_failed", "env_steps_failed", "rows_failed", "wait_s",
                "errors", "backlog_bytes")
 
+# A durable run's (``output_dir`` a URI): segments sealed and uploaded, and the upload backlog on the nodes.
+UPLOAD_SUMS = ("segments_sealed", "segments_uploaded", "bytes_uploaded", "upload_s", "upload_errors",
+               "upload_backlog_segments", "upload_backlog_bytes", "upload_backpressure_s")
+
 WRITER_SUMS = ("env_steps", "agent_steps", "chunks", "raw_bytes", "disk_bytes", "write_s",
                "duplicate_chunks", "errors", "cpu_s", "steps_uncommitted", "bytes_uncommitted")
 
@@ -34,6 +38,11 @@ def sum_stats(writer_stats: list[dict[str, Any]], *, run_dir: str, errors_here: 
             runners.update({k: runner.get(k, 0) for k in RUNNER_SUMS})
             max_wait = max(max_wait, runner.get("max_wait_s", 0.0))
     lags = lag_summary(lag)
+    uploads = {k: sum(s.get(k, 0) for s in writer_stats) for k in UPLOAD_SUMS} \
+        if any("segments_uploaded" in s for s in writer_stats) else {}
+    if uploads:
+        uploads["last_upload_error"] = next((s["last_upload_error"] for s in writer_stats
+                                             if s.get("last_upload_error")), None)
     last_error = next((s["last_error"] for s in writer_stats if s.get("last_error")), None) or next(
         (r["last_error"] for s in writer_stats for r in s.get("runners", {}).values() if r.get("last_error")),
         None)
@@ -60,6 +69,7 @@ def sum_stats(writer_stats: list[dict[str, Any]], *, run_dir: str, errors_here: 
         "policy_lag_max": lags["max"] if lags["steps"] else 0,
         "policy_lag_hist": lags["hist"], "policy_lag_unknown_steps": lags["unknown"],
         **{f"policy_lag_p{p}": lags[f"p{p}"] for p in PERCENTILES},
+        **uploads,
     }
 
 

@@ -19,6 +19,7 @@ from rllib_recorder.format.manifest import place_files
 from rllib_recorder.format.spool_files import parse_stem
 from rllib_recorder.record.binding import assign_writer
 from rllib_recorder.service.ingest import Ingest
+from rllib_recorder.service.publish import Publisher
 from rllib_recorder.service.writer import RecordingWriter
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ def storage_options(config: RecorderConfig) -> datasets.StorageOptions:
         compression=config.compression, compression_level=config.compression_level,
         hdf5_chunk_bytes=config.hdf5_chunk_bytes, fsync=config.fsync, encode_uint8=config.encode_uint8,
         stack_frames=config.stack_frames,
+        segment_bytes=config.segment_bytes if config.durable else 0, segment_s=config.segment_s if config.durable else 0,
     )
 
 
@@ -58,7 +60,8 @@ class WriterPool:
     """
 
     def __init__(self, run_id: str, run_dir: str, config: RecorderConfig, driver_node_id: str,
-                 attempt: int = 0) -> None:
+                 attempt: int = 0, target: Any = None) -> None:
+        self.target = target  # format.store.Target of a durable run: every writer publishes its segments there
         self.run_id = run_id
         self.attempt = attempt
         self.run_dir = run_dir
@@ -91,7 +94,7 @@ class WriterPool:
                     max_task_retries=0, max_concurrency=1,
                     # soft only for a node already gone: its runners are gone too
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=node_id not in alive),
-                ).remote(self.run_dir, self.run_id, self.config, layout.node_tag(index), i))
+                ).remote(self.run_dir, self.run_id, self.config, layout.node_tag(index), i, target=self.target))
         return True
 
     def node_tags(self) -> dict[str, str]:
@@ -150,7 +153,7 @@ class WriterPool:
                 self._files_seen.setdefault(i, set()).update(out[-1].get("files_written", []))
             except Exception as e:  # one unreachable writer must not hide the others
                 logger.warning("rllib_recorder: %s.%s failed: %s: %s", name, method, type(e).__name__, e)
-                out.append({"errors": 1, "unreachable": 1})
+                out.append({"errors": 1, "unreachable": 1, "writer": name, "node_id": self.actor_nodes[i]})
         return out
 
 
@@ -169,14 +172,23 @@ class SpoolWriter:
     """
 
     def __init__(self, run_dir: str, run_id: str, config: RecorderConfig, file_tag: str = "",
-                 writer_index: int | None = 0, *, clock: Callable[[], float] = time.time, thread: bool = True) -> None:
-        self.writer = RecordingWriter(run_dir, run_id, storage_options(config), file_tag)
+                 writer_index: int | None = 0, *, clock: Callable[[], float] = time.time, thread: bool = True,
+                 target: Any = None) -> None:
         num_writers = config.num_writers
+        self.config = config
 
         def owns(stem: str) -> bool:  # writer_index None: every file of the node (``recover``)
             parsed = parse_stem(stem)
             return parsed is not None and parsed[2] == file_tag and (
                 writer_index is None or assign_writer(parsed[0], parsed[1], num_writers) == writer_index)
+
+        # A durable run: files are sealed into segments, which the publisher uploads (without a target, e.g. the
+        # driver committing left spools, they wait in staging for ``publish_run``).
+        self.publisher = Publisher(run_dir, target, owns, max_backlog_bytes=config.max_upload_backlog_bytes,
+                                   check=config.check_uploads, thread=thread) if target is not None else None
+        on_sealed = (self.publisher.sealed if self.publisher else _ignore) if config.durable else None
+        self.writer = RecordingWriter(run_dir, run_id, storage_options(config), file_tag, on_sealed=on_sealed)
+        self._backlogged_s = 0.0
 
         self.tick_s = tick_s(config.coalesce_s)
         self.ingest = Ingest(
@@ -203,6 +215,9 @@ class SpoolWriter:
 
     def _loop(self) -> None:
         while not self._stopped.wait(self.tick_s):
+            if self.publisher is not None and self.publisher.backlogged():
+                self._backlogged_s += self.tick_s  # spools fill up; the env runners' back-pressure applies
+                continue
             with self._lock:
                 if self._stopped.is_set():
                     return
@@ -248,6 +263,9 @@ class SpoolWriter:
             self.ingest.remove_committed()
             self.ingest.close()
             stats = self.writer.close()
+            if self.publisher is not None:  # everything sealed now; uploads get most of the time left
+                self.publisher.stop()
+                self.publisher.drain(0.75 * self.config.drain_timeout_s)
             return {**stats, **self._ingest_stats(), "spool_leftovers": leftovers}
 
     def _stats(self) -> dict[str, Any]:
@@ -255,5 +273,12 @@ class SpoolWriter:
 
     def _ingest_stats(self) -> dict[str, Any]:
         pending = self.ingest.pending()
-        return {"errors": self.ingest.errors + self._loop_errors, "steps_uncommitted": pending["rows"],
-                "bytes_uncommitted": pending["bytes"], "last_error": self.ingest.last_error or self.writer.last_error}
+        out = {"errors": self.ingest.errors + self._loop_errors, "steps_uncommitted": pending["rows"],
+               "bytes_uncommitted": pending["bytes"], "last_error": self.ingest.last_error or self.writer.last_error}
+        if self.publisher is not None:
+            out.update(self.publisher.stats(), upload_backpressure_s=self._backlogged_s)
+        return out
+
+
+def _ignore(_: str) -> None:
+    pass

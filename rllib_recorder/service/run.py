@@ -4,6 +4,7 @@ learners hooked, and its end: every runner drained, every file closed, the manif
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import time
@@ -17,9 +18,10 @@ import ray
 from rllib_recorder._rllib_compat import on_algorithm_cleanup
 from rllib_recorder.config import RecorderConfig
 from rllib_recorder.errors import OutputDirError, RecorderError
-from rllib_recorder.format import durable
+from rllib_recorder.format import durable, store
 from rllib_recorder.format.index import entry_from_manifest, update_run
 from rllib_recorder.format.manifest import now_iso, write_manifest
+from rllib_recorder.format.store import public_uri
 from rllib_recorder.record.binding import Binding, current_node_id
 from rllib_recorder.record.runner import bind_env_runner, drain_env_runner, runner_node_id
 from rllib_recorder.service import lifecycle
@@ -27,6 +29,7 @@ from rllib_recorder.service.attempts import earlier_totals, previous_attempt, tu
 from rllib_recorder.service.learner import count_consumed, hook_learners
 from rllib_recorder.service.metrics import Rates, learner_version_of, sum_stats
 from rllib_recorder.service.pool import WriterPool
+from rllib_recorder.service.publish import publish_run
 from rllib_recorder.service.run_dir import config_is_new_stack, initial_manifest, resolve_run_dir
 
 logger = logging.getLogger(__name__)
@@ -44,6 +47,7 @@ class AlgorithmRecorder:
                 f"run directory {self.run_dir!r} already holds a run; choose another run_name "
                 "or output_dir (a recording never overwrites an earlier one)"
             )
+        self.target = self._target()
         os.makedirs(self.run_dir, exist_ok=True)
         durable.fsync_dir(os.path.dirname(self.run_dir))  # the run's name survives a power loss, like its rows
         # a Tune trial restarted, resumed or restored records on into its run: same id, the next attempt
@@ -62,11 +66,15 @@ class AlgorithmRecorder:
             {"attempt": self.attempt, "started_at": now_iso(), "finished_at": None, "status": "running",
              "ended_by": None, "driver_pid": os.getpid()}]
         self._before = earlier_totals(previous)
-        write_manifest(self.run_dir, self.manifest)
+        self._senders_seen: dict[str, Any] = {}  # the env runners' counters as of the last result
+        if self.target is not None:
+            self.manifest.update(target=public_uri(self.target.uri), staging_dir=self.run_dir)
+        self._write_manifest()
         # Under Tune the experiment directory indexes its trials' runs (recorder_index.json).
         self.experiment_dir = os.path.dirname(self.run_dir) if self.manifest["trial"] else None
         self._update_index()
-        self.pool = WriterPool(self.run_id, self.run_dir, config, current_node_id(), attempt=self.attempt)
+        self.pool = WriterPool(self.run_id, self.run_dir, config, current_node_id(), attempt=self.attempt,
+                               target=self.target)
         self.binding = self._binding()
         self._algorithm = weakref.ref(algorithm)
         self.learners_reporting = 0
@@ -105,7 +113,7 @@ class AlgorithmRecorder:
             self.pool.set_learner_version(self.learner_version, self.learner_version_since)
         self.binding = self._binding()
         self.manifest["writer_nodes"] = self.pool.writer_nodes()
-        write_manifest(self.run_dir, self.manifest)
+        self._write_manifest()
         algorithm = self._algorithm()
         if self.learners_reporting and algorithm is not None:  # learners report to the new writers too
             self.learners_reporting = self._hook_learners(algorithm)
@@ -124,7 +132,10 @@ class AlgorithmRecorder:
             self.learner_version, self.learner_version_since = version, time.time()
             if not self.learners_reporting:  # coarse: known only once per iteration
                 self.pool.set_learner_version(version, self.learner_version_since)
-        result["recorder"] = self.metrics(self.pool.stats(), result)
+        writer_stats = self.pool.stats()
+        for stats in writer_stats:  # kept: a node lost later takes its writer's counters with it
+            self._senders_seen.update(stats.get("runners") or {})
+        result["recorder"] = self.metrics(writer_stats, result)
         self._update_index(env_steps=result["recorder"]["env_steps_stored"])
         errors = result["recorder"]["errors"]
         if self.config.fail_on_error and errors:
@@ -169,11 +180,17 @@ class AlgorithmRecorder:
             here = {k.split("/")[0] for s in local for k in s.get("spool_leftovers") or {}}
             leftovers = {k: v for k, v in leftovers.items() if k.split("/")[0] not in here}
             leftovers.update({k: v for s in local for k, v in (s.get("spool_leftovers") or {}).items()})
+        if self.target is not None:  # what this node's staging still holds (left spools committed here)
+            writer_stats.append(publish_run(self.run_dir, self.target, self.config, self.config.drain_timeout_s))
         totals = self.metrics(writer_stats)
         totals["unacked_at_stop"] = len(leftovers)  # senders whose handed-over samples could not be committed
         totals["spool_leftovers"] = leftovers
         senders = {k: v for s in writer_stats for k, v in (s.get("runners") or {}).items()}
-        totals["senders"] = {**self._before["senders"], **senders}  # earlier attempts' too
+        # earlier attempts' too, and those of writers lost since the last result (with their node)
+        totals["senders"] = {**self._before["senders"], **self._senders_seen, **senders}
+        lost = sorted({s["node_id"] for s in writer_stats if s.get("unreachable") and s.get("node_id")})
+        if lost:
+            self.manifest["lost_nodes"] = lost
         totals["env_steps_stored"] += self._before["env_steps_stored"]
         status = "interrupted" if interrupted else "finished"
         self.manifest["attempts"][-1].update(finished_at=now_iso(), status=status, ended_by=ended_by,
@@ -183,7 +200,7 @@ class AlgorithmRecorder:
             totals=totals, files=self.pool.placement(), writer_nodes=self.pool.writer_nodes(),
             nodes=sorted({s.get("node") for s in writer_stats if s.get("node")}),
         )
-        write_manifest(self.run_dir, self.manifest)
+        self._write_manifest()
         self._update_index()
         if leftovers:
             logger.error("rllib_recorder: samples of %d env runner(s) stay in the spool, not committed (%s); "
@@ -191,6 +208,31 @@ class AlgorithmRecorder:
                          next(iter(leftovers.values())), self.run_dir)
         logger.info("rllib_recorder: recording %s %s (%s)", self.run_dir, self.manifest["status"], ended_by)
         return totals
+
+    def _target(self) -> Any:
+        """Where a durable run's segments go: ``output_dir`` joined with the run's path under the staging root."""
+        if not self.config.durable:
+            return None
+        rel = os.path.relpath(self.run_dir, self.config.staging_root()).split(os.sep)
+        target = store.resolve(store.uri_join(self.config.output_dir, *rel), self.config.storage_filesystem)
+        if target.size("manifest.json") is not None and not os.path.exists(os.path.join(self.run_dir,
+                                                                                         "manifest.json")):
+            raise OutputDirError(f"{target.uri_of('')!r} already holds a run; choose another run_name or "
+                                 "output_dir (a recording never overwrites an earlier one)")
+        return target
+
+    def _write_manifest(self) -> None:
+        """The manifest in the run directory, and at the target of a durable run (a failure there is counted:
+        the next write, at the latest the run's end, puts it again)."""
+        write_manifest(self.run_dir, self.manifest)
+        if self.target is None:
+            return
+        try:
+            self.target.put_bytes(json.dumps(self.manifest, indent=2, sort_keys=True, default=str).encode(),
+                                  "manifest.json")
+        except Exception as e:  # noqa: BLE001 - the store's errors vary; the local manifest stays the truth
+            self.errors["manifest_upload"] += 1
+            logger.warning("rllib_recorder: writing the manifest to %s failed: %s", self.target.uri_of(""), e)
 
     def close_unstopped(self, ended_by: str, interrupted: bool) -> dict[str, Any]:
         """Closes a recording whose algorithm was never stopped (``lifecycle``: exit, signal, ray.shutdown)."""

@@ -11,12 +11,12 @@ import socket
 import time
 import traceback
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 import h5py
 
 from rllib_recorder.errors import RecorderError, WriterError
-from rllib_recorder.format import append, commits, datasets, durable, layout, open_columns
+from rllib_recorder.format import append, commits, datasets, durable, h5file, layout, open_columns, segments
 from rllib_recorder.format.chunks import Chunk
 from rllib_recorder.format.lag import chunk_learner_version, count_lags, step_lags
 
@@ -36,8 +36,12 @@ class RecordingWriter:
     # Dead space tolerated beyond the data before a file is compacted mid-run.
     compact_slack_bytes = 8 << 20
 
-    def __init__(self, run_dir: str, run_id: str, storage: datasets.StorageOptions, file_tag: str = "") -> None:
+    def __init__(self, run_dir: str, run_id: str, storage: datasets.StorageOptions, file_tag: str = "",
+                 on_sealed: Callable[[str], None] | None = None) -> None:
         self.run_dir = run_dir
+        # Segmented (a durable target): files are sealed by size or age and handed to ``on_sealed``.
+        self.on_sealed = on_sealed
+        self._opened_at: dict[tuple[int, bool], float] = {}
         self.run_id = run_id
         self.storage = storage
         self.file_tag = file_tag
@@ -101,6 +105,7 @@ class RecordingWriter:
         self._heap[key] += commits.heap_bytes(chunk)
         self._maybe_compact(key)
         self._account(chunk, time.perf_counter() - start, learner_version)
+        self._maybe_seal(key)
         return {"seq": seq, "duplicate": False, "rows": chunk.agent_steps}
 
     def open_file(self, key: tuple[int, bool]) -> None:
@@ -181,7 +186,40 @@ class RecordingWriter:
             # (small files too: copying a few MiB takes milliseconds).
             if _path_size(path) - data > max(data // 4, 64 << 10):
                 self._compact_closed(path)
+            if self.on_sealed is not None:
+                self._seal_closed(path)
         return self.stats()
+
+    def _maybe_seal(self, key: tuple[int, bool]) -> None:
+        """Seals the file of ``key`` into a segment once it is big or old enough; never raises (the chunk is
+        committed: a seal that fails is counted and tried again after the next append)."""
+        if self.on_sealed is None or key not in self._files:
+            return
+        h5 = self._files[key]
+        big = self.storage.segment_bytes and _size(h5) >= self.storage.segment_bytes
+        old = self.storage.segment_s and time.monotonic() - self._opened_at[key] >= self.storage.segment_s
+        if not (big or old):
+            return
+        try:
+            path, data = h5.filename, self._data_bytes(key, h5)
+            self._close_file(key)
+            if _path_size(path) - data > max(data // 4, 64 << 10):
+                self._compact_closed(path)
+            self._seal_closed(path)
+        except Exception as e:  # noqa: BLE001
+            self._totals["seal_errors"] += 1
+            self._last_error = f"sealing {os.path.basename(h5.filename)}: {type(e).__name__}: {e}"
+            logger.warning("rllib_recorder: %s", self._last_error)
+
+    def _seal_closed(self, path: str) -> None:
+        """Moves the closed file ``path`` into its segments (an empty one is removed) and hands it on."""
+        with h5file.open_h5(path, "r") as h5:
+            empty = not commits.read_commit(h5)["batches"]
+        if empty:
+            os.remove(path)
+            return
+        self.on_sealed(segments.seal(self.run_dir, path))
+        self._totals["segments_sealed"] += 1
 
     def _data_bytes(self, key: tuple[int, bool], h5: h5py.File) -> int:
         return commits.datasets_bytes(h5) + self._heap[key]
@@ -226,8 +264,11 @@ class RecordingWriter:
             worker_index, is_evaluation = key
             path = os.path.join(self.run_dir, layout.file_name(worker_index, is_evaluation, self.file_tag))
             created = not os.path.exists(path)
+            carry = {}
+            if created and self.on_sealed is not None:  # a new segment: it carries what the stream committed
+                carry = segments.carry_attrs(*segments.state_before(self.run_dir, os.path.basename(path)[:-3]))
             h5 = append.open_for_append(path, {
-                "run_id": self.run_id, "worker_index": worker_index, "is_evaluation": is_evaluation,
+                "run_id": self.run_id, "worker_index": worker_index, "is_evaluation": is_evaluation, **carry,
             }, self.storage.file_space)
             owner = h5.attrs.get("run_id")
             if owner != self.run_id:
@@ -244,10 +285,12 @@ class RecordingWriter:
             # Whatever the file holds when opened counts as data (a conservative start).
             self._heap[key] = max(0, _path_size(path) - commits.datasets_bytes(h5))
             self._paths.add(os.path.relpath(path, self.run_dir))
-            self._committed[key] = commits.committed_upto(h5)
+            committed, totals = segments.stream_state(h5)  # with what sealed segments committed before it
+            self._committed[key] = committed
+            self._opened_at[key] = time.monotonic()
             if key not in self._rebuilt:  # totals survive a writer restart: what the file holds counts
                 self._rebuilt.add(key)
-                self._totals.update(commits.committed_totals(h5))
+                self._totals.update(totals)
         return self._files[key]
 
     def _close_file(self, key: tuple[int, bool]) -> None:
