@@ -98,6 +98,7 @@ def info(path: str, as_json: bool, follow: bool, interval: float) -> None:
             click.echo(json.dumps(line) if as_json else report.live_line(line))
         return
 
+    path = _local(path)
     if os.path.isfile(os.path.join(path, "manifest.json")):
         summary = _guard(lambda: summarize(path))
         click.echo(json.dumps(summary, indent=2, default=str) if as_json else report.run_report(summary))
@@ -119,6 +120,7 @@ def verify(run_dir: str) -> None:
     <experiment>/<trial dir> below recordings):
       rllib-recorder verify recordings/<run>
     """
+    run_dir = _local(run_dir)
     from rllib_recorder.commands.verify import verify_report
 
     with progress_bar() as bar:
@@ -154,6 +156,7 @@ def replay(run_dir: str, episodes: bool, target: str | None, env: str | None, ch
       rllib-recorder replay recordings/<run> --check
       rllib-recorder replay recordings/<run> --check --env ale_py:ALE/Breakout-v5-atari84x4
     """
+    run_dir = _local(run_dir)
     from rllib_recorder.commands import replay as rp
     from rllib_recorder.read.run import open_run
 
@@ -198,6 +201,7 @@ def export(run_dir: str, target: str, output: str, dataset_id: str | None) -> No
         then: MINARI_DATASETS_PATH=minari-data python -c "import minari; print(minari.load_dataset(ID))"
         with the ID export printed
     """
+    run_dir = _local(run_dir)
     from rllib_recorder.commands import export as ex
     from rllib_recorder.read.run import open_run
 
@@ -226,6 +230,7 @@ def plot(run_dir: str, output: str) -> None:
     Example (recordings/<run>: the run directory train printed):
       rllib-recorder plot recordings/<run> -o run.png
     """
+    run_dir = _local(run_dir)
     from rllib_recorder.commands.plot import check_output, plot_run
     from rllib_recorder.read.run import open_run
 
@@ -296,6 +301,17 @@ def gather(run_dir: str, target: str, address: str | None) -> None:
     for name, what in done.items():
         click.echo(f"{name}: {what}")
     click.echo(f"gathered: {target} holds the run's {len(done)} file(s); check it with 'rllib-recorder verify {target}'")
+
+
+def _local(path: str) -> str:
+    """A run at a durable target (``s3://...``): its local copy (segments fetched once, checked); else ``path``."""
+    from rllib_recorder.format.store import is_uri
+
+    if not is_uri(path):
+        return path
+    from rllib_recorder.read.remote import local_copy
+
+    return _guard(lambda: local_copy(path))
 
 
 def _guard(fn: Any) -> Any:

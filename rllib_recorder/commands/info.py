@@ -31,12 +31,12 @@ def summarize(run_dir: str) -> dict[str, Any]:
                     for agent in f.agents:
                         lags.update(count_lags(f.policy_lag(agent)))
             steps, episodes, returns = steps + file_steps, episodes + file_episodes, returns + file_returns
-        disk = sum(os.path.getsize(f.path) for f in run.files)
+        disk = sum(f.stored_bytes() for f in run.files)
         raw = totals.get("raw_bytes") or 0
         status = run_status(run_dir, manifest)
         recording = str(status).startswith("recording")
         summary = {
-            "run_dir": run_dir, "trial": manifest.get("trial_name") or manifest.get("trial"),
+            "run_dir": run_dir, "target": manifest.get("target"), "trial": manifest.get("trial_name") or manifest.get("trial"),
             "status": status, "ended_by": manifest.get("ended_by"), "algorithm": manifest.get("algorithm"),
             "env": manifest.get("env"), "api_stack": manifest.get("api_stack"),
             "started_at": manifest.get("started_at"), "finished_at": manifest.get("finished_at"),
@@ -273,7 +273,7 @@ def follow_counts(run_dir: str, interval_s: float, clock: Callable[[], float] = 
         live = liveness.recording_now(run_dir, manifest)
         with open_run(run_dir) as run:
             counts = run.counts()
-            disk = sum(os.path.getsize(f.path) for f in run.files)
+            disk = sum(f.stored_bytes() for f in run.files)
         now = clock()
         rate = (counts["env_steps"] - before[1]) / (now - before[0]) if before and now > before[0] else None
         before = (now, counts["env_steps"])

@@ -104,7 +104,7 @@ _FIELDS = {
     "driver_pid": _INT, "driver_started": _STR,
     "env_config": _DICT, "totals": _DICT, "writer_nodes": _DICT, "recorder": _DICT,
     "versions": _DICT, "spaces": _DICT, "recovery": _DICT, "gathered_from": _DICT, "attempts": _LIST,
-    "env_config_omitted": _LIST,
+    "env_config_omitted": _LIST, "target": _STR, "staging_dir": _STR, "lost_nodes": _LIST,
 }
 
 
@@ -169,7 +169,7 @@ def _check_node(info: dict[str, Any], field: str, bad: Any) -> None:
 
 
 # Every other field of ``totals`` and of each sender's stats is a number (or null).
-_TOTALS_OTHER = {"last_error": _STR, "run_dir": _STR, "senders": _DICT, "spool_leftovers": _DICT,
+_TOTALS_OTHER = {"last_error": _STR, "last_upload_error": _STR, "run_dir": _STR, "senders": _DICT, "spool_leftovers": _DICT,
                  "policy_lag_hist": _DICT}
 _SENDER_OTHER = {"last_error": _STR, "sender_id": _STR, "is_evaluation": "a boolean", "drop_causes": _DICT,
                  "error_kinds": _DICT}

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Sequence
 
 import numpy as np
 from ray.data import Datasource
 
 from rllib_recorder.read.iterate import Block, read_block
+from rllib_recorder.read.remote import local_copy
 from rllib_recorder.read.worker_file import WorkerFile
 
 # What every row carries beside its stored step columns (the DataFrame's ids and lag).
@@ -63,16 +65,18 @@ class RecordedStepsDatasource(Datasource):
         super().__init__()
         self.columns, self.rename, self.module_id = columns, rename, module_id
         self.min_policy_version = min_policy_version
-        self.ranges = []  # (path, agent, start, stop, bytes per row)
+        self.ranges = []  # (path, agent, start, stop, bytes per row, the run's URI if it is at a durable target)
         for one in run if isinstance(run, (list, tuple)) else [run]:
             for f in one.files_of(evaluation):
                 for agent in f.agents:
-                    total, row_bytes = f.num_rows(agent), f.row_bytes(agent)
-                    for start in range(0, total, rows_per_task):
-                        self.ranges.append((f.path, agent, start, min(total, start + rows_per_task), row_bytes))
+                    row_bytes = f.row_bytes(agent)
+                    for low, high in f.segment_rows(agent):  # a task's rows lie in one segment
+                        for start in range(low, high, rows_per_task):
+                            self.ranges.append((f.path, agent, start, min(high, start + rows_per_task), row_bytes,
+                                                one.uri))
 
     def estimate_inmemory_data_size(self) -> int:
-        return sum((stop - start) * row_bytes for _, _, start, stop, row_bytes in self.ranges)
+        return sum((stop - start) * row_bytes for _, _, start, stop, row_bytes, _ in self.ranges)
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
                        data_context: Any = None) -> list[Any]:
@@ -80,8 +84,11 @@ class RecordedStepsDatasource(Datasource):
         from ray.data.datasource import ReadTask
 
         tasks = []
-        for path, agent, start, stop, row_bytes in self.ranges:
-            def read(path: str = path, agent: str = agent, start: int = start, stop: int = stop) -> list[Any]:
+        for path, agent, start, stop, row_bytes, uri in self.ranges:
+            def read(path: str = path, agent: str = agent, start: int = start, stop: int = stop,
+                     uri: str | None = uri) -> list[Any]:
+                if uri is not None and not os.path.exists(path):  # another node: copy the run to its cache first
+                    path = os.path.join(local_copy(uri), os.path.basename(path))
                 rows = read_step_rows(path, agent, start, stop, self.columns, self.rename, self.module_id,
                                       self.min_policy_version)
                 return [BlockAccessor.batch_to_block(rows)]

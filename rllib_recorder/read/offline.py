@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from rllib_recorder.errors import ConfigError
+from rllib_recorder.format.store import is_uri
 from rllib_recorder.read.run import open_run
 
 
@@ -48,7 +49,7 @@ def offline_input(*run_dirs: str, module_id: str | None = None, min_policy_versi
     from rllib_recorder.read.offline_data import READ_METHOD, RecordedOfflineData
 
     return {
-        "input_": [os.path.abspath(d) for d in run_dirs],
+        "input_": [d if is_uri(d) else os.path.abspath(d) for d in run_dirs],
         "offline_data_class": RecordedOfflineData,
         "input_read_method": READ_METHOD,
         "input_read_method_kwargs": {"rows_per_task": rows_per_task, "evaluation": evaluation,

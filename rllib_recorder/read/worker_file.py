@@ -67,6 +67,29 @@ class WorkerFile:
             records = segments.segment_list(self.h5)
         return segments.verify_local(self.path, records) if records else []
 
+    def stored_bytes(self) -> int:
+        """Bytes on disk: the file, and for an index the segments it names."""
+        import os
+
+        with h5file.damaged_file_errors(self.path):
+            records = segments.segment_list(self.h5) or []
+        return os.path.getsize(self.path) + sum(int(r["size"]) for r in records)
+
+    def segment_rows(self, agent: str) -> list[tuple[int, int]]:
+        """``agent``'s step rows per segment, as [start, stop) ranges (one range for a plain file)."""
+        with h5file.damaged_file_errors(self.path):
+            records = segments.segment_list(self.h5)
+        total = self.num_rows(agent)
+        if not records:
+            return [(0, total)] if total else []
+        out, start = [], 0
+        for record in records:
+            rows = record["tables"].get(f"agents/{agent}/steps", 0)
+            if rows:
+                out.append((start, start + rows))
+            start += rows
+        return out
+
     @property
     def worker_index(self) -> int:
         if self._worker_index is None:  # written once when the file is created: read once

@@ -1,0 +1,191 @@
+"""Recording into durable storage: a real S3-compatible server (SeaweedFS) on 127.0.0.1, real PPO runs, the run read
+back from the store value by value, an outage of the store in the middle of a run, and every command on a URI."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from rllib_recorder import RecorderCallback, open_run
+from rllib_recorder.format import segments
+from tests.integrity import check_run
+from tests.s3server import S3Server
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    server = S3Server(str(tmp_path_factory.mktemp("s3")))
+    server.start()
+    yield server
+    server.stop()
+
+
+def _config(output_dir, staging, run_name, **settings):
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+    from tests.envs import CountingEnv
+
+    return (
+        PPOConfig().environment(CountingEnv, env_config={"obs_kind": "vector"}).env_runners(
+            num_env_runners=1, rollout_fragment_length=100)
+        .training(train_batch_size=200, minibatch_size=100, num_epochs=1)
+        .callbacks(RecorderCallback.configured(output_dir=output_dir, staging_dir=str(staging), run_name=run_name,
+                                               coalesce_s=0.1, **settings))
+    )
+
+
+def _sampled(result) -> int:
+    return int(result["env_runners"]["num_env_steps_sampled_lifetime"])
+
+
+@pytest.fixture(scope="module")
+def s3_run(ray_session, s3, tmp_path_factory):
+    """A PPO run recorded to s3://runs/exp/<run>, sealed every 0.3 s: several segments per runner."""
+    staging = tmp_path_factory.mktemp("staging")
+    algo = _config(s3.uri("runs/exp"), staging, "sealed", segment_s=0.3).build_algo()
+    results = [algo.train() for _ in range(5)]
+    algo.stop()
+    return {"uri": s3.uri("runs/exp/sealed"), "staging": str(staging), "results": results,
+            "sampled": _sampled(results[-1]), "cache": str(tmp_path_factory.mktemp("cache"))}
+
+
+def test_a_run_recorded_to_s3_reads_back_from_the_store_whole(s3_run, s3):
+    uri = s3_run["uri"]
+    with open_run(uri, cache_dir=s3_run["cache"]) as run:
+        assert run.manifest["status"] == "finished"
+        assert run.num_env_steps == s3_run["sampled"]  # every sampled step, at the target
+        (f,) = run.files
+        names = [r["name"] for r in segments.segment_list(f.h5)]
+        assert len(names) >= 3, names  # sealed as the run went, not once at the end
+        # the index is one worker file: its rows are the segments' rows, in order, value by value
+        for column in ("obs", "actions", "rewards", "t"):
+            stitched = f.h5[f"agents/default_agent/steps/{column}"][:]
+            pieces = []
+            for name in names:
+                with h5py.File(os.path.join(run.path, "segments", "worker-001", name), "r") as seg:  # plain h5py
+                    pieces.append(seg[f"agents/default_agent/steps/{column}"][:])
+            np.testing.assert_array_equal(stitched, np.concatenate(pieces))
+        # an episode cut by a seal reads back as one
+        frags = f.fragments("default_agent")
+        assert len(set(frags["eps_id"].tolist())) < len(frags["eps_id"])
+    facts = check_run(uri)  # every episode contiguous, exact and complete (CountingEnv)
+    assert facts["agent_steps"] == s3_run["sampled"]
+    # what reached the target left the node: staging keeps no segment, only its small records
+    assert not glob.glob(os.path.join(s3_run["staging"], "**", "[0-9]*.h5"), recursive=True)
+    last = s3_run["results"][-1]["recorder"]
+    assert last["segments_uploaded"] >= 1 and last["upload_errors"] == 0
+
+
+def test_each_segment_at_the_store_is_checked_and_plain_hdf5(s3_run, s3):
+    fs = s3.filesystem()
+    with open_run(s3_run["uri"], cache_dir=s3_run["cache"]) as run:
+        records = segments.segment_list(run.files[0].h5)
+    import hashlib
+
+    for record in records:
+        with fs.open_input_stream(f"runs/exp/sealed/segments/worker-001/{record['name']}") as src:
+            data = src.read()
+        assert len(data) == record["size"] and hashlib.sha256(data).hexdigest() == record["sha256"]
+    # a damaged cached segment is fetched again, and checked
+    cached = os.path.join(s3_run["cache"], "segments", "worker-001", records[0]["name"])
+    with open(cached, "r+b") as f:
+        f.truncate(100)
+    with open_run(s3_run["uri"], cache_dir=s3_run["cache"]) as run:
+        assert run.num_env_steps == s3_run["sampled"]
+    assert os.path.getsize(cached) == records[0]["size"]
+
+
+def test_every_command_reads_a_run_at_its_uri(s3_run, tmp_path):
+    env = {**os.environ, "RLLIB_RECORDER_CACHE": str(tmp_path / "cache")}
+    uri = s3_run["uri"]
+
+    def cli(*args):
+        proc = subprocess.run([sys.executable, "-m", "rllib_recorder.cli", *args], capture_output=True, text=True,
+                              env=env, cwd=tmp_path, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout
+
+    shown = cli("info", uri)
+    assert f"{s3_run['sampled']:,}" in shown and "Run s3://runs/exp/sealed" in shown and "secret" not in shown
+    assert "is sound" in cli("verify", uri)
+    cli("export", uri, "--to", "rllib", "-o", str(tmp_path / "bc-data"))
+    assert glob.glob(str(tmp_path / "bc-data" / "**" / "*.parquet"), recursive=True)
+    with open_run(uri, cache_dir=s3_run["cache"]) as run:
+        batches = run.counts()["batches"]
+    replayed = [json.loads(line) for line in cli("replay", uri).splitlines()]
+    assert len(replayed) == batches  # one JSON line per stored chunk, read from the segments
+    secret = "rr_test_secret"
+    with open(os.path.join(cli_cache(tmp_path), "manifest.json")) as f:
+        assert secret not in f.read()  # the manifest names the target without its credentials
+
+
+def cli_cache(tmp_path):
+    (run,) = glob.glob(str(tmp_path / "cache" / "sealed-*"))
+    return run
+
+
+def test_the_offline_input_and_ray_data_read_a_run_at_its_uri(s3_run, ray_session):
+    with open_run(s3_run["uri"], cache_dir=s3_run["cache"]) as run:
+        ds = run.to_ray_dataset(rows_per_task=150)
+        rows = ds.take_all()
+        assert len(rows) == s3_run["sampled"]
+        expected = np.concatenate([b["obs"] for b in run.iter_batches(256, columns=["obs"])])
+    np.testing.assert_array_equal(np.sort(np.stack([r["obs"] for r in rows]), axis=0), np.sort(expected, axis=0))
+
+
+def test_the_store_down_for_a_while_loses_nothing_and_is_reported(ray_session, s3, tmp_path):
+    """The store goes away mid-run (killed) and comes back (same data): uploads fail and are retried with backoff,
+    sampling goes on, the backlog shows in result['recorder'], and at the end every step is at the target."""
+    staging = tmp_path / "staging"
+    algo = _config(s3.uri("runs/exp"), staging, "outage", segment_s=0.3).build_algo()
+    try:
+        first = algo.train()
+        s3.stop()
+        during = [algo.train()]
+        while during[-1]["recorder"]["upload_errors"] < 2 and len(during) < 60:  # each attempt: ~6 s of retries
+            during.append(algo.train())
+        assert during[-1]["recorder"]["upload_errors"] >= 2  # retried, with backoff
+        assert during[-1]["recorder"]["upload_backlog_bytes"] > 0  # sealed segments wait on the node
+        assert "last_upload_error" in during[-1]["recorder"] and during[-1]["recorder"]["last_upload_error"]
+        assert _sampled(during[-1]) > _sampled(first)  # sampling never waited for the store
+        s3.start()
+        last = algo.train()
+    finally:
+        if s3.proc is None:
+            s3.start()
+        algo.stop()
+    with open_run(s3.uri("runs/exp/outage"), cache_dir=str(tmp_path / "cache")) as run:
+        assert run.manifest["status"] == "finished"
+        assert run.num_env_steps == _sampled(last)
+        assert run.manifest["totals"]["upload_backlog_bytes"] == 0
+    check_run(s3.uri("runs/exp/outage"))
+
+
+def test_a_target_the_recorder_cannot_write_is_one_line_before_training(ray_session, s3, tmp_path):
+    from rllib_recorder.errors import OutputDirError
+
+    wrong = s3.uri("runs/x").replace("rr_test_secret", "not-the-secret")
+    with pytest.raises(OutputDirError) as info:
+        _config(wrong, tmp_path / "staging", "refused").build_algo()
+    text = str(info.value)
+    assert "not writable" in text and "credentials" in text and "not-the-secret" not in text
+    assert "\n" not in text
+
+
+def test_a_shared_file_system_path_is_a_durable_target_too(ray_session, tmp_path):
+    algo = _config(str(tmp_path / "shared"), tmp_path / "staging", "nfs", segment_s=0.3).build_algo()
+    result = [algo.train() for _ in range(3)][-1]
+    algo.stop()
+    run_dir = tmp_path / "shared" / "nfs"
+    assert json.loads((run_dir / "manifest.json").read_text())["status"] == "finished"
+    assert len(glob.glob(str(run_dir / "segments" / "worker-001" / "*.h5"))) >= 2
+    assert check_run(str(run_dir))["agent_steps"] == _sampled(result)
