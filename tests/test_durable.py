@@ -189,3 +189,21 @@ def test_a_shared_file_system_path_is_a_durable_target_too(ray_session, tmp_path
     assert json.loads((run_dir / "manifest.json").read_text())["status"] == "finished"
     assert len(glob.glob(str(run_dir / "segments" / "worker-001" / "*.h5"))) >= 2
     assert check_run(str(run_dir))["agent_steps"] == _sampled(result)
+
+
+def test_an_index_whose_segment_is_gone_is_one_line_not_zeros(ray_session, tmp_path):
+    """HDF5 reads a virtual dataset's missing source as fill values: the reader refuses instead, naming the file."""
+    import shutil
+
+    from rllib_recorder.errors import SchemaError
+
+    algo = _config(str(tmp_path / "shared"), tmp_path / "staging", "gone", segment_s=0.3).build_algo()
+    [algo.train() for _ in range(2)]
+    algo.stop()
+    copy = tmp_path / "copy"
+    shutil.copytree(tmp_path / "shared" / "gone", copy)
+    (first,) = sorted(glob.glob(str(copy / "segments" / "worker-001" / "*.h5")))[:1]
+    os.remove(first)
+    with open_run(str(copy)) as run, pytest.raises(SchemaError) as info:
+        run.num_env_steps
+    assert "000000.h5 is missing" in str(info.value) and "\n" not in str(info.value)

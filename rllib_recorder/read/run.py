@@ -39,12 +39,6 @@ class Run:
         layout.check_version(self.manifest.get("schema_version"), os.path.join(path, "manifest.json"))
         self.files = [WorkerFile(p) for p in sorted(glob.glob(os.path.join(path, "*.h5")))]
         probe.ensure_readable(f.path for f in self.files)  # one child for all files
-        for f in self.files:  # an index's segments must all be there: HDF5 reads a missing one as zeros
-            missing = f.missing_segments()
-            if missing:
-                raise SchemaError(f"{f.path} names segments that are not there ({missing[0]}"
-                                  f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}); copy the "
-                                  "run's segments/ folder with it, or open the run at its target URI")
 
     def __enter__(self) -> "Run":
         return self

@@ -43,6 +43,11 @@ class WorkerFile:
             try:
                 with h5file.damaged_file_errors(self.path):
                     h5file.validate_header(self._h5, self.path)
+                missing = self.missing_segments()  # HDF5 would read a missing segment's rows as zeros
+                if missing:
+                    raise SchemaError(f"{self.path} names segments that are not there ({missing[0]}"
+                                      f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}); copy the "
+                                      "run's segments/ folder with it, or open the run at its target URI")
             except SchemaError:
                 self.close()
                 raise
@@ -64,7 +69,7 @@ class WorkerFile:
     def missing_segments(self) -> list[str]:
         """The segment files this index names that are not beside it, or not whole ([] for a plain file)."""
         with h5file.damaged_file_errors(self.path):
-            records = segments.segment_list(self.h5)
+            records = segments.segment_list(self._h5 if self._h5 is not None else self.h5)
         return segments.verify_local(self.path, records) if records else []
 
     def stored_bytes(self) -> int:
