@@ -207,3 +207,33 @@ def test_an_index_whose_segment_is_gone_is_one_line_not_zeros(ray_session, tmp_p
     with open_run(str(copy)) as run, pytest.raises(SchemaError) as info:
         run.num_env_steps
     assert "000000.h5 is missing" in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.multinode
+def test_a_node_removed_mid_run_loses_at_most_its_unsealed_tail_and_verify_names_it(s3, tmp_path):
+    """A node of a real ray.cluster_utils.Cluster leaves mid-run (as the autoscaler removes one) and its staging
+    directory is deleted: every segment it sealed before is at the target and verifies; the steps it held unsealed
+    are named as lost with that node; the other runner, and the runner recreated on a new node, lose nothing."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "node_loss_script.py"), s3.uri("runs/cluster"),
+                           str(tmp_path / "staging")], capture_output=True, text=True, timeout=400, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-2000:]
+    facts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert facts["restarts"] >= 1 and facts["sealed_before_loss"], facts
+    with open_run(facts["uri"], cache_dir=str(tmp_path / "cache")) as run:
+        assert run.manifest["lost_nodes"] == [facts["lost_node"]]
+        lost = next(f for f in run.files if os.path.basename(f.path) == facts["lost_stem"] + ".h5")
+        names = [s["name"] for s in segments.segment_list(lost.h5)]
+        assert names[:len(facts["sealed_before_loss"])] == facts["sealed_before_loss"]  # sealed before: all there
+        others = [f for f in run.files if f is not lost]
+        assert {f.worker_index for f in others} == {1, 2}  # runner 2, and runner 1 recreated on the new node
+    from rllib_recorder.commands.verify import verify_report
+
+    report = verify_report(str(tmp_path / "cache"))
+    assert not report["problems"], report["problems"]
+    named = [n for n in report["notes"] if "lost with its node" in n]
+    assert len(named) == 1 and named[0].startswith(facts["lost_stem"] + "/"), report["notes"]
+    lost_steps = int(named[0].split(": ")[1].split(" of ")[0])
+    assert 0 < lost_steps
+    # the loss is the lost runner's unsealed tail only: every other runner's steps are all stored, exactly
+    facts_run = check_run(facts["uri"], allow_gaps=True)
+    assert facts_run["agent_steps"] > 0

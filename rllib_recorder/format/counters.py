@@ -12,10 +12,13 @@ CAUSES = {
     "env_steps_unconvertible": "could not be converted (see the env runner's log)",
     "env_steps_unbound_dropped": "sampled before the runner was bound to a writer, past the 64 samples it holds",
     "env_steps_refused": "refused by the writer as data it can never store",
+    "env_steps_lost_with_node": "lost with its node, which left while recording (the autoscaler, a spot "
+                                "instance): the unsealed tail of its staged file and spool; the sealed segments "
+                                "before it are at the target",
 }
 
 # Sender-side causes: the ones an env runner knows of itself (a writer's refusals are counted by the writer).
-SENDER_CAUSES = tuple(k for k in CAUSES if k != "env_steps_refused")
+SENDER_CAUSES = tuple(k for k in CAUSES if k not in ("env_steps_refused", "env_steps_lost_with_node"))
 
 DROP_CAUSES = {"backpressure_drop": "backpressure='drop'", "block_timeout": "backpressure='block' timed out",
                "writer_not_consuming": "the writer stopped consuming"}

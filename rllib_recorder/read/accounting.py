@@ -59,6 +59,7 @@ def accounts(manifest: dict[str, Any], files: Iterable[Any]) -> list[Account]:
                 account.lost = {"not_stored": not_stored}
     for key, why in leftovers.items():
         by_id.setdefault(_sender_id(key), Account(key)).unacked = str(why)
+    _name_lost_nodes(manifest, by_id.values())
     return [a for _, a in sorted(by_id.items(), key=lambda kv: kv[1].sender) if a.sampled or a.stored or a.unacked]
 
 
@@ -97,6 +98,23 @@ def summary_line(accounts_: list[Account]) -> str | None:
     if stored == sampled and not any(a.lost for a in accounts_):
         return f"all {sampled} sampled env steps stored ({runners} env runner incarnation(s))"
     return f"{stored} of {sampled} sampled env steps stored ({runners} env runner incarnation(s))"
+
+
+def _name_lost_nodes(manifest: dict[str, Any], accounts_: Iterable[Account]) -> None:
+    """A durable run whose node left (``lost_nodes``): the gap of each sender whose file was staged there is that
+    node's unsealed tail, named as such (its sampled count is as of the last train result before the loss)."""
+    lost = manifest.get("lost_nodes") if isinstance(manifest.get("lost_nodes"), list) else []
+    if not lost or not manifest.get("target"):
+        return
+    from rllib_recorder.format.manifest import place_files
+
+    nodes = manifest.get("writer_nodes") if isinstance(manifest.get("writer_nodes"), dict) else {}
+    for account in accounts_:
+        stem = account.sender.rsplit("/", 1)[0]
+        node = place_files([f"{stem}.h5"], nodes).get(f"{stem}.h5") or {}
+        if node.get("node_id") in lost and account.unexplained > 0:
+            account.lost["env_steps_lost_with_node"] = account.unexplained
+            account.detail = f"node {node['node_id'][:12]}"
 
 
 def _sender_id(key: str) -> str:
