@@ -120,7 +120,7 @@ def verify(run_dir: str) -> None:
     <experiment>/<trial dir> below recordings):
       rllib-recorder verify recordings/<run>
     """
-    run_dir = _local(run_dir)
+    shown, run_dir = run_dir, _local(run_dir)
     from rllib_recorder.commands.verify import verify_report
 
     with progress_bar() as bar:
@@ -134,7 +134,7 @@ def verify(run_dir: str) -> None:
         click.echo(report["summary"])
     if report["problems"]:
         sys.exit(1)
-    click.echo(f"ok: {run_dir} is sound" + (" (with the losses counted above)" if report["notes"] else ""))
+    click.echo(f"ok: {public_uri(shown)} is sound" + (" (with the losses counted above)" if report["notes"] else ""))
 
 
 @main.command()
@@ -301,6 +301,12 @@ def gather(run_dir: str, target: str, address: str | None) -> None:
     for name, what in done.items():
         click.echo(f"{name}: {what}")
     click.echo(f"gathered: {target} holds the run's {len(done)} file(s); check it with 'rllib-recorder verify {target}'")
+
+
+def public_uri(path: str) -> str:
+    from rllib_recorder.format.store import public_uri as public
+
+    return public(path)
 
 
 def _local(path: str) -> str:

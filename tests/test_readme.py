@@ -14,6 +14,10 @@ import pytest
 from click.testing import CliRunner
 
 from rllib_recorder.cli import main
+from tests.s3server import ACCESS_KEY, SECRET_KEY, S3Server
+
+# The README's s3:// snippet reads credentials as pyarrow does, from the environment
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = open(os.path.join(ROOT, "README.md")).read()
@@ -38,8 +42,8 @@ def shell_commands(code: str) -> list[str]:
     return commands
 
 
-def run(command: str, cwd: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([cwd, os.environ.get("PYTHONPATH", "")]))
+def run(command: str, cwd: str, timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **(env or {}), PYTHONPATH=os.pathsep.join([cwd, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
     assert proc.returncode == 0, (command, proc.stdout[-3000:], proc.stderr[-3000:])
@@ -66,12 +70,25 @@ def workspace(tmp_path_factory):
     return str(folder), run_dir
 
 
-def substitute(command: str, run_dir: str, target: str) -> str:
-    """The README's and help's placeholders: recordings/<run> is the run train printed; /data/<run> a new folder."""
-    return command.replace("/data/<run>", target).replace("recordings/<run>", run_dir)
+def substitute(command: str, run_dir: str, target: str, s3: S3Server | None = None) -> str:
+    """The README's and help's placeholders: recordings/<run> is the run train printed; /data/<run> a new folder;
+    s3://my-bucket/<prefix> a prefix on the test's own S3 server."""
+    command = command.replace("/data/<run>", target).replace("recordings/<run>", run_dir)
+    if s3 is not None:
+        query = f"endpoint_override={s3.endpoint}&scheme=http&region=us-east-1"
+        command = re.sub(r"s3://my-bucket/([\w-]+)(?=\")", lambda m: f"s3://runs/{m.group(1)}?{query}", command)
+    return command
 
 
-def test_readme_and_guide_snippets_run_as_written(workspace):
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    server = S3Server(str(tmp_path_factory.mktemp("s3")))
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_readme_and_guide_snippets_run_as_written(workspace, s3):
     folder, run_dir = workspace
     blocks = fenced_blocks(README)[1:] + fenced_blocks(GUIDE)  # the guide's export snippet trains on README's export
     done = []
@@ -87,16 +104,20 @@ def test_readme_and_guide_snippets_run_as_written(workspace):
             continue
         elif lang == "python":
             with open(os.path.join(folder, "snippet.py"), "w") as f:
-                f.write(substitute(code, run_dir, "gathered"))
-            proc = run(f"{sys.executable} snippet.py", folder)
+                f.write(substitute(code, run_dir, "gathered", s3))
+            proc = run(f"{sys.executable} snippet.py", folder, env=S3_CREDENTIALS)
             done.append("python")
             if "open_run" in code:  # the reader printed what the recorder stored
                 assert "Episode(eps_id=" in proc.stdout and "Run(" in proc.stdout, proc.stdout[-2000:]
+            if "storage_path" in code:  # Tune and the recorder on S3: the run read back from the store
+                assert "status='finished'" in proc.stdout and "Run('s3://runs/recordings/PPO_" in proc.stdout, proc.stdout
             if "BCConfig" in code:  # BC trained (on the export, or on the run itself) and printed a finite loss
                 assert 0 < float(proc.stdout.split()[-1]) < 10, proc.stdout[-2000:]
     # every command of the Then: block, the two Python snippets, and the several-nodes block
     assert sorted(set(done)) == ["export", "gather", "info", "plot", "python", "recover", "replay", "verify"]
-    assert done.count("python") == 3  # README's own code, the guide's offline training, the guide's export BC
+    # README's own code, its several-nodes code (Tune and the recorder on S3), the guide's offline training and
+    # export BC
+    assert done.count("python") == 4
     assert os.path.isfile(os.path.join(folder, "run.png")) and os.listdir(os.path.join(folder, "bc-data"))
 
 

@@ -169,7 +169,7 @@ def _check_node(info: dict[str, Any], field: str, bad: Any) -> None:
 
 
 # Every other field of ``totals`` and of each sender's stats is a number (or null).
-_TOTALS_OTHER = {"last_error": _STR, "last_upload_error": _STR, "run_dir": _STR, "senders": _DICT, "spool_leftovers": _DICT,
+_TOTALS_OTHER = {"last_error": _STR, "last_upload_error": _STR, "run_dir": _STR, "target": _STR, "senders": _DICT, "spool_leftovers": _DICT,
                  "policy_lag_hist": _DICT}
 _SENDER_OTHER = {"last_error": _STR, "sender_id": _STR, "is_evaluation": "a boolean", "drop_causes": _DICT,
                  "error_kinds": _DICT}

@@ -11,7 +11,7 @@ import numpy as np
 from rllib_recorder.errors import SchemaError
 from rllib_recorder.format import layout, probe
 from rllib_recorder.format.manifest import read_manifest
-from rllib_recorder.format.store import is_uri
+from rllib_recorder.format.store import is_uri, public_uri
 from rllib_recorder.read.follow import follow
 from rllib_recorder.read.remote import local_copy
 from rllib_recorder.read.iterate import iter_batches
@@ -153,7 +153,8 @@ class Run:
         raise KeyError(f"episode {eps_id!r} is not in run {self.path}")
 
     def __repr__(self) -> str:
-        return f"Run({self.path!r}, files={len(self.files)}, status={self.manifest.get('status')!r})"
+        shown = public_uri(self.uri) if self.uri else self.path
+        return f"Run({shown!r}, files={len(self.files)}, status={self.manifest.get('status')!r})"
 
 
 def open_run(path: str, *, filesystem: Any = None, cache_dir: str | None = None) -> Run:

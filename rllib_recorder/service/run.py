@@ -154,6 +154,8 @@ class AlgorithmRecorder:
             out.update(self.rates.update(out["env_steps_stored"], result,
                                          self.consumed.total if self.consumed is not None else None))
         out.update({k: v for k, v in self.rates.lifetime.items() if k not in out})
+        if self.target is not None:  # where the run is kept (run_dir: its staging directory on this node)
+            out["target"] = public_uri(self.target.uri)
         return out
 
     def close(self, algorithm: Any = None, ended_by: str | None = None, interrupted: bool = False) -> dict[str, Any]:
