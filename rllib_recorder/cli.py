@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from rllib_recorder.commands.terminal import count_files, is_terminal, progress_bar
+from rllib_recorder.config import is_uri, public_uri
 from rllib_recorder.errors import RecorderError
 
 
@@ -303,16 +304,8 @@ def gather(run_dir: str, target: str, address: str | None) -> None:
     click.echo(f"gathered: {target} holds the run's {len(done)} file(s); check it with 'rllib-recorder verify {target}'")
 
 
-def public_uri(path: str) -> str:
-    from rllib_recorder.format.store import public_uri as public
-
-    return public(path)
-
-
 def _local(path: str) -> str:
     """A run at a durable target (``s3://...``): its local copy (segments fetched once, checked); else ``path``."""
-    from rllib_recorder.format.store import is_uri
-
     if not is_uri(path):
         return path
     from rllib_recorder.read.remote import local_copy

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from rllib_recorder.errors import ConfigError, OutputDirError
-from rllib_recorder.format.store import is_uri, public_uri
 
 BACKPRESSURE_POLICIES = ("block", "drop")
 COMPRESSIONS = ("gzip", "lzf", "none")
@@ -198,10 +197,7 @@ class RecorderConfig:
     def check_output_dir(self) -> str:
         """Creates ``output_dir`` if needed and proves it writable; returns its absolute path (a durable
         target: the staging root here, the target checked too)."""
-        if self.durable:
-            from rllib_recorder.format import store
-
-            store.check_writable(store.resolve(self.output_dir, self.storage_filesystem))
+        if self.durable:  # the target itself is checked by the run (format.store.check_writable)
             return self.replace(output_dir=self.staging_root(), staging_dir=None,
                                 storage_filesystem=None).check_output_dir()
         path = os.path.abspath(os.path.expanduser(self.output_dir))
@@ -232,6 +228,21 @@ def absolute_output_dir(path: str) -> str:
     if os.path.isabs(path):
         return os.path.normpath(path)
     return os.path.normpath(os.path.join(os.environ.get("TUNE_ORIG_WORKING_DIR") or os.getcwd(), path))
+
+
+def is_uri(path: Any) -> bool:
+    """Whether ``path`` names a file system by scheme (``s3://bucket/prefix``); ``file://`` counts too."""
+    return isinstance(path, str) and "://" in path.split("?", 1)[0]
+
+
+def public_uri(uri: str) -> str:
+    """``uri`` without credentials in it (``s3://key:secret@bucket`` -> ``s3://bucket``): what a manifest keeps."""
+    if not is_uri(uri):
+        return uri
+    from urllib.parse import urlsplit, urlunsplit
+
+    split = urlsplit(uri)
+    return urlunsplit(split._replace(netloc=split.netloc.rpartition("@")[2]))
 
 
 def _check_type(config: RecorderConfig) -> None:

@@ -62,7 +62,7 @@ class S3Server:
         self.proc = subprocess.Popen(
             [weed, "server", f"-dir={self.data_dir}/data", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
              f"-master.port={p['master']}", f"-volume.port={p['volume']}", f"-filer.port={p['filer']}",
-             "-s3", f"-s3.port={p['s3']}", f"-s3.config={self.config}", "-master.volumeSizeLimitMB=64",
+             "-s3", f"-s3.port={p['s3']}", f"-s3.config={self.config}", "-master.volumeSizeLimitMB=256", "-volume.max=0",  # volumes as the disk allows
              "-s3.port.iceberg=0", "-s3.port.lance=0"],  # fixed ports otherwise: one server at a time
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         fs = self.filesystem()

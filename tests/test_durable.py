@@ -237,3 +237,43 @@ def test_a_node_removed_mid_run_loses_at_most_its_unsealed_tail_and_verify_names
     # the loss is the lost runner's unsealed tail only: every other runner's steps are all stored, exactly
     facts_run = check_run(facts["uri"], allow_gaps=True)
     assert facts_run["agent_steps"] > 0
+
+
+def test_a_sigkilled_driver_recording_to_s3_is_published_by_recover(s3, tmp_path, monkeypatch):
+    """A user's script recording into s3:// with default settings is SIGKILLed with its local Ray at a random
+    moment; 'rllib-recorder recover' on the node's staging directory commits the spools, seals and uploads
+    everything, and the run at its URI holds every step the runners handed over, value by value."""
+    import random
+    import signal
+    import time
+
+    from click.testing import CliRunner
+
+    from rllib_recorder.cli import main
+    from tests.s3server import ACCESS_KEY, SECRET_KEY
+    from tests.test_real_use import _progress, _start
+    from tests.test_reliability import _session_pids
+
+    proc = _start("loop", s3.uri("runs/killed"), str(tmp_path / "staging"))
+    try:
+        progress = _progress(proc, 2)
+        assert len(progress) == 2, proc.stderr.read()[-2000:]
+        time.sleep(random.uniform(0.0, 1.0))
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        deadline = time.time() + 30
+        while _session_pids(proc.pid) and time.time() < deadline:
+            time.sleep(0.5)
+    staged = progress[-1]["run_dir"]
+    assert staged.startswith(str(tmp_path / "staging"))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)  # the manifest names the target without credentials
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    result = CliRunner().invoke(main, ["recover", staged])
+    assert result.exit_code == 0, result.output
+    uri = s3.uri(f"runs/killed/{os.path.basename(staged)}")
+    with open_run(uri, cache_dir=str(tmp_path / "cache")) as run:
+        assert run.manifest["status"] == "recovered"
+        assert run.num_env_steps >= progress[-1]["sampled"]
+    check_run(uri, statuses=("recovered",))
+    assert not glob.glob(os.path.join(staged, ".segments", "*", "[0-9]*.h5"))  # all of it left the node

@@ -31,9 +31,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL_STORED = re.compile(r"all (\d+) sampled env steps stored")
 
 
-def _start(mode: str, out: str) -> subprocess.Popen:
+def _start(mode: str, out: str, *more: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
-    return subprocess.Popen([sys.executable, "-m", "tests.user_program", mode, out], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "tests.user_program", mode, out, *more], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 

@@ -15,14 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from rllib_recorder.config import is_uri, public_uri
 from rllib_recorder.errors import OutputDirError
 
+__all__ = ["Target", "check_writable", "is_uri", "public_uri", "resolve", "uri_join"]
+
 COPY_BYTES = 8 << 20
-
-
-def is_uri(path: Any) -> bool:
-    """Whether ``path`` names a file system by scheme (``s3://bucket/prefix``); ``file://`` counts too."""
-    return isinstance(path, str) and "://" in path.split("?", 1)[0]
 
 
 def uri_join(base: str, *parts: str) -> str:
@@ -31,14 +29,6 @@ def uri_join(base: str, *parts: str) -> str:
         return os.path.join(base, *parts)
     split = urlsplit(base)
     return urlunsplit(split._replace(path=posixpath.join(split.path or "/", *parts)))
-
-
-def public_uri(uri: str) -> str:
-    """``uri`` without credentials in it (``s3://key:secret@bucket`` -> ``s3://bucket``): what a manifest keeps."""
-    if not is_uri(uri):
-        return uri
-    split = urlsplit(uri)
-    return urlunsplit(split._replace(netloc=split.netloc.rpartition("@")[2]))
 
 
 @dataclass

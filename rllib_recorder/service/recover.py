@@ -120,7 +120,30 @@ def recover_run(run_dir: str, progress: Callable[[int], None] | None = None) -> 
         )
         write_manifest(run_dir, manifest)
     report["status"] = manifest["status"]
+    if manifest.get("target"):  # a durable run's staging directory: what it holds goes to the target
+        report["published"] = _publish(run_dir, manifest)
     return report
+
+
+def _publish(run_dir: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Seals and uploads what the staging ``run_dir`` of a durable run holds, then the manifest; one-line
+    SchemaError when the target refuses (everything stays here for the next ``recover``)."""
+    import json
+
+    from rllib_recorder.format import store
+    from rllib_recorder.service.publish import publish_run
+
+    target = store.resolve(manifest["target"])
+    stats = publish_run(run_dir, target, _config(manifest), timeout_s=60.0)
+    try:
+        if stats["upload_backlog_segments"]:
+            raise OSError(stats["last_upload_error"] or "uploads failed")
+        target.put_bytes(json.dumps(manifest, indent=2, sort_keys=True, default=str).encode(), "manifest.json")
+    except OSError as e:
+        raise SchemaError(f"{run_dir} is recovered here, but uploading it to {manifest['target']} failed "
+                          f"({(str(e).strip().splitlines() or [''])[0]}); its segments stay here: run recover again "
+                          "once the store is reachable (credentials as pyarrow finds them)") from None
+    return stats
 
 
 def _config(manifest: dict[str, Any]) -> Any:

@@ -216,6 +216,7 @@ class AlgorithmRecorder:
         if not self.config.durable:
             return None
         rel = os.path.relpath(self.run_dir, self.config.staging_root()).split(os.sep)
+        store.check_writable(store.resolve(self.config.output_dir, self.config.storage_filesystem))
         target = store.resolve(store.uri_join(self.config.output_dir, *rel), self.config.storage_filesystem)
         if target.size("manifest.json") is not None and not os.path.exists(os.path.join(self.run_dir,
                                                                                          "manifest.json")):
