@@ -92,6 +92,10 @@ def info(path: str, as_json: bool, follow: bool, interval: float) -> None:
     if follow:
         from rllib_recorder.commands.info import follow_counts
 
+        if is_uri(path):
+            click.echo("error: --follow reads a run where it records, not at its durable target: point it at the "
+                       "run's staging directory (result['recorder']['run_dir'] on the node)", err=True)
+            sys.exit(2)
         if interval <= 0:
             click.echo(f"error: --interval must be more than 0 seconds; it is {interval}", err=True)
             sys.exit(2)

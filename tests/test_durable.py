@@ -142,6 +142,26 @@ def test_the_offline_input_and_ray_data_read_a_run_at_its_uri(s3_run, ray_sessio
     np.testing.assert_array_equal(np.sort(np.stack([r["obs"] for r in rows]), axis=0), np.sort(expected, axis=0))
 
 
+def test_bc_trains_on_every_row_of_a_run_at_its_uri(s3_run, ray_session):
+    """offline_input takes the run's URI: RLlib's BC reads every recorded transition from the store's segments."""
+    from ray.rllib.algorithms.bc import BCConfig
+
+    from rllib_recorder import offline_input
+    from tests.envs import CountingEnv
+    from tests.test_offline import _train_once
+
+    env = CountingEnv({"obs_kind": "vector"})
+    rows = s3_run["sampled"]
+    config = (BCConfig().environment(observation_space=env.observation_space, action_space=env.action_space)
+              .offline_data(**offline_input(s3_run["uri"], batches_per_iteration=4))
+              .training(train_batch_size_per_learner=rows // 4))
+    learner, count, table = _train_once(config, rows)
+    assert count == rows and learner["num_module_steps_trained"] == rows
+    with open_run(s3_run["uri"], cache_dir=s3_run["cache"]) as run:
+        want = np.concatenate([b["obs"] for b in run.iter_batches(10_000, columns=["obs"])])
+    np.testing.assert_array_equal(table["obs"][np.lexsort(table["obs"].T)], want[np.lexsort(want.T)])
+
+
 def test_the_store_down_for_a_while_loses_nothing_and_is_reported(ray_session, s3, tmp_path):
     """The store goes away mid-run (killed) and comes back (same data): uploads fail and are retried with backoff,
     sampling goes on, the backlog shows in result['recorder'], and at the end every step is at the target."""
