@@ -140,7 +140,7 @@ class RecorderConfig:
             _fail("output_dir", self.output_dir, "name a directory, e.g. 'recordings'")
         # Relative to where the user started the program, resolved now, in the process that makes the config:
         # Tune changes a trial's working dir to its trial dir before the recorder starts in it.
-        if not is_uri(self.output_dir):
+        if not is_uri(self.output_dir) and self.storage_filesystem is None:  # a path in that file system as given
             object.__setattr__(self, "output_dir", absolute_output_dir(self.output_dir))
         if self.staging_dir is not None:
             object.__setattr__(self, "staging_dir", absolute_output_dir(self.staging_dir))

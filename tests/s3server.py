@@ -48,11 +48,15 @@ class S3Server:
         return (f"s3://{ACCESS_KEY}:{SECRET_KEY}@{path}?endpoint_override={self.endpoint}&scheme=http"
                 "&region=us-east-1")
 
-    def filesystem(self):
+    def filesystem(self, fail_fast: bool = False):
+        """A ``pyarrow.fs.S3FileSystem`` of this server; ``fail_fast``: one attempt per request, short timeouts (the
+        AWS SDK's own retries take ~6 s per request against a server that is down)."""
         import pyarrow.fs as pafs
 
+        fast = {"retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=1), "connect_timeout": 1.0,
+                "request_timeout": 10.0} if fail_fast else {}
         return pafs.S3FileSystem(access_key=ACCESS_KEY, secret_key=SECRET_KEY, endpoint_override=self.endpoint,
-                                 scheme="http", region="us-east-1", allow_bucket_creation=True)
+                                 scheme="http", region="us-east-1", allow_bucket_creation=True, **fast)
 
     def start(self, bucket: str = "runs", timeout_s: float = 60.0) -> None:
         weed = shutil.which("weed")
@@ -63,6 +67,7 @@ class S3Server:
             [weed, "server", f"-dir={self.data_dir}/data", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
              f"-master.port={p['master']}", f"-volume.port={p['volume']}", f"-filer.port={p['filer']}",
              "-s3", f"-s3.port={p['s3']}", f"-s3.config={self.config}", "-master.volumeSizeLimitMB=256", "-volume.max=0",  # volumes as the disk allows
+             "-master.electionTimeout=1s",  # a restarted master elects itself at once (10 s by default)
              "-s3.port.iceberg=0", "-s3.port.lance=0"],  # fixed ports otherwise: one server at a time
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         fs = self.filesystem()

@@ -164,14 +164,16 @@ def test_bc_trains_on_every_row_of_a_run_at_its_uri(s3_run, ray_session):
 
 def test_the_store_down_for_a_while_loses_nothing_and_is_reported(ray_session, s3, tmp_path):
     """The store goes away mid-run (killed) and comes back (same data): uploads fail and are retried with backoff,
-    sampling goes on, the backlog shows in result['recorder'], and at the end every step is at the target."""
+    sampling goes on, the backlog shows in result['recorder'], and at the end every step is at the target. The
+    target is a path in the user's own ``storage_filesystem`` (as Tune's), one that gives up fast."""
     staging = tmp_path / "staging"
-    algo = _config(s3.uri("runs/exp"), staging, "outage", segment_s=0.3).build_algo()
+    fs = s3.filesystem(fail_fast=True)
+    algo = _config("runs/exp", staging, "outage", segment_s=0.3, storage_filesystem=fs).build_algo()
     try:
         first = algo.train()
         s3.stop()
         during = [algo.train()]
-        while during[-1]["recorder"]["upload_errors"] < 2 and len(during) < 60:  # each attempt: ~6 s of retries
+        while during[-1]["recorder"]["upload_errors"] < 2 and len(during) < 60:
             during.append(algo.train())
         assert during[-1]["recorder"]["upload_errors"] >= 2  # retried, with backoff
         assert during[-1]["recorder"]["upload_backlog_bytes"] > 0  # sealed segments wait on the node
@@ -183,11 +185,12 @@ def test_the_store_down_for_a_while_loses_nothing_and_is_reported(ray_session, s
         if s3.proc is None:
             s3.start()
         algo.stop()
-    with open_run(s3.uri("runs/exp/outage"), cache_dir=str(tmp_path / "cache")) as run:
+    with open_run("runs/exp/outage", filesystem=fs, cache_dir=str(tmp_path / "cache")) as run:
         assert run.manifest["status"] == "finished"
+        assert run.manifest["recorder"]["storage_filesystem"] == "S3FileSystem"  # by type: no credentials
         assert run.num_env_steps == _sampled(last)
         assert run.manifest["totals"]["upload_backlog_bytes"] == 0
-    check_run(s3.uri("runs/exp/outage"))
+    check_run(str(tmp_path / "cache"))
 
 
 def test_a_target_the_recorder_cannot_write_is_one_line_before_training(ray_session, s3, tmp_path):

@@ -153,7 +153,7 @@ def check_writable(target: Target) -> None:
         target.fs.create_dir(target.path, recursive=True)
         target.put_bytes(b"ok", probe)
         target.fs.delete_file(target.join(probe))
-    except OSError as e:
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
         raise OutputDirError(f"output_dir {public_uri(target.uri)!r} is not writable ({_first_line(e)}); check the "
                              "bucket, its endpoint and your credentials, or pass storage_filesystem=...") from None
 
