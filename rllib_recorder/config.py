@@ -33,7 +33,8 @@ class RecorderConfig:
         segment_bytes: A staged file is sealed into a segment and uploaded once it holds this many bytes...
         segment_s: ... or once it is this many seconds old: what a lost node can lose at most.
         max_upload_backlog_bytes: Sealed segments a writer keeps while the target refuses them (retried
-            with backoff); past it the writer stops taking chunks and ``backpressure`` applies.
+            with backoff); past it the writer stops taking chunks and ``backpressure`` applies (0: as soon
+            as one segment waits).
         check_uploads: Read every uploaded segment back and compare its SHA-256 before the local copy goes
             (always: its size).
         run_name: Name of the run directory; default: ``<algo>-<env>-<time>-<id>``
@@ -145,7 +146,7 @@ class RecorderConfig:
         if self.staging_dir is not None:
             object.__setattr__(self, "staging_dir", absolute_output_dir(self.staging_dir))
         _check_int(self, "segment_bytes", 1 << 20, "seal segments of at least 1 MiB (1048576)")
-        _check_int(self, "max_upload_backlog_bytes", 1 << 20, "allow at least 1 MiB (1048576) of upload backlog")
+        _check_int(self, "max_upload_backlog_bytes", 0, "use 0 to stop taking chunks while any segment waits")
         if not self.segment_s > 0:
             _fail("segment_s", self.segment_s, "use a number of seconds > 0")
         fs = self.storage_filesystem

@@ -193,6 +193,68 @@ def test_the_store_down_for_a_while_loses_nothing_and_is_reported(ray_session, s
     check_run(str(tmp_path / "cache"))
 
 
+def test_past_the_upload_backlog_the_configured_backpressure_applies_and_verify_names_it(ray_session, s3, tmp_path):
+    """The store down, and the upload backlog past max_upload_backlog_bytes (0 here: one waiting segment): the writer
+    takes no more chunks, the runner's spool fills, and backpressure='drop' drops and counts; once the store is
+    back, the backlog goes up and recording resumes. verify names every dropped step; no step is unexplained."""
+    import time
+
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+    from rllib_recorder.commands.verify import verify_report
+    from tests.envs import CountingEnv
+
+    fs = s3.filesystem(fail_fast=True)
+    config = (PPOConfig().environment(CountingEnv, env_config={"obs_kind": "image"})
+              .env_runners(num_env_runners=1, rollout_fragment_length=100)
+              .training(train_batch_size=200, minibatch_size=100, num_epochs=1,
+                        model={"conv_filters": [[4, [3, 3], 2], [8, [5, 5], 1]]})
+              .callbacks(RecorderCallback.configured(
+                  output_dir="runs/exp", storage_filesystem=fs, staging_dir=str(tmp_path / "staging"),
+                  run_name="backlog", segment_s=0.3, coalesce_s=0.1, max_upload_backlog_bytes=0,
+                  backpressure="drop", max_backlog_bytes=1 << 20)))
+    algo = config.build_algo()
+    try:
+        algo.train()
+        s3.stop()
+        during = [algo.train()]
+        spool = str(tmp_path / "staging" / "backlog" / ".spool")
+
+        def spooled() -> int:
+            return sum(os.path.getsize(p) for p in glob.glob(os.path.join(spool, "**", "*"), recursive=True)
+                       if os.path.isfile(p))
+
+        while (spooled() < 1 << 20 or not during[-1]["recorder"]["upload_errors"]) and len(during) < 200:
+            during.append(algo.train())  # the writer holds back: the runner's spool fills
+        during += [algo.train() for _ in range(3)]  # past the bound: these samples are dropped
+        recorder = during[-1]["recorder"]
+        assert recorder["upload_backpressure_s"] > 0 and recorder["upload_backlog_segments"] >= 1, recorder
+        assert recorder["upload_errors"] >= 1 and recorder["env_steps_stored"] < _sampled(during[-1])
+        s3.start()
+        after = [algo.train()]
+        deadline = time.monotonic() + 90  # the publisher retries at its next backoff step (1 s doubling to 60 s)
+        while (after[-1]["recorder"]["upload_backlog_segments"] or not after[-1]["recorder"]["env_steps_dropped"]) \
+                and time.monotonic() < deadline:
+            after.append(algo.train())
+        last = after[-1]
+        # the runner's counters travel with its spool: once the writer reads on, the drops show
+        assert last["recorder"]["env_steps_dropped"] > 0 and last["recorder"]["upload_backlog_segments"] == 0
+    finally:
+        if s3.proc is None:
+            s3.start()
+        algo.stop()
+    cache = str(tmp_path / "cache")
+    with open_run("runs/exp/backlog", filesystem=fs, cache_dir=cache) as run:
+        stored = run.num_env_steps
+    report = verify_report(cache)
+    assert not report["problems"], report["problems"]
+    assert any("dropped by back-pressure" in n for n in report["notes"]), report["notes"]
+    dropped = sum(int(n.split(": ")[1].split(" of ")[0]) for n in report["notes"] if "back-pressure" in n)
+    assert stored + dropped == _sampled(last)  # every sampled step is stored or counted as dropped
+    assert stored > recorder["env_steps_stored"]  # recording resumed once the backlog went up
+    check_run(cache, kind="image", allow_gaps=True)
+
+
 def test_a_target_the_recorder_cannot_write_is_one_line_before_training(ray_session, s3, tmp_path):
     from rllib_recorder.errors import OutputDirError
 

@@ -139,7 +139,8 @@ class EnvRunnerRecorder:
             return
         spool = os.path.join(binding.run_dir, SPOOL_DIR, stem)
         self.outbox = Outbox(
-            SegmentWriter(os.path.join(spool, uuid.uuid4().hex)), policy=config.backpressure,
+            SegmentWriter(os.path.join(spool, uuid.uuid4().hex), spool_segment_bytes(config.max_backlog_bytes)),
+            policy=config.backpressure,
             max_backlog_bytes=config.max_backlog_bytes, max_wait_s=config.drain_timeout_s,
             writer_heartbeat_s=lambda: heartbeat_age_s(os.path.join(spool, HEARTBEAT_NAME)),
             encode=config.encode_uint8, extra_stats=self._extra_stats,
@@ -225,3 +226,10 @@ def _env_steps(samples: Any) -> int:
         return int(samples.env_steps()) if hasattr(samples, "policy_batches") else len(samples["rewards"])
     except Exception:  # noqa: BLE001 - a payload we can't count is counted by the conversion's error instead
         return 0
+
+
+def spool_segment_bytes(max_backlog_bytes: int) -> int:
+    """Bytes of one spool segment file: 16 MiB, or a quarter of the backlog bound when that is smaller. The writer
+    deletes a segment only once the sender has moved on to the next, so a segment as big as the bound would keep
+    the backlog full for good (every later sample dropped, or blocked) even with every record committed."""
+    return max(64 << 10, min(16 << 20, max_backlog_bytes // 4))

@@ -249,9 +249,11 @@ class SpoolWriter:
             return self._stats()
 
     def stats(self) -> dict[str, Any]:
-        """Reads what is new first, so that counters a runner wrote before ``sample()`` returned are in."""
+        """Reads what is new first, so that counters a runner wrote before ``sample()`` returned are in (not while the
+        upload backlog holds the writer back: it takes no chunks then)."""
         with self._lock:
-            self.ingest.poll()
+            if self.publisher is None or not self.publisher.backlogged():
+                self.ingest.poll()
             return self._stats()
 
     def close(self) -> dict[str, Any]:

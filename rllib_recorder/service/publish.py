@@ -116,10 +116,11 @@ class Publisher:
                     else:
                         self._failures += 1
                         self._retry_at = now + min(BACKOFF_S[0] * 2 ** (self._failures - 1), BACKOFF_S[1])
-            with self._wake:
+            with self._wake:  # a seal wakes it; else it looks again in 5 s, or when the backoff is over
                 if self._stopped:
                     return
-                self._wake.wait(timeout=max(0.05, min(5.0, self._retry_at - time.monotonic())))
+                wait = self._retry_at - time.monotonic() if self._failures else 5.0
+                self._wake.wait(timeout=max(0.05, min(5.0, wait)))
 
     def _publish(self, path: str) -> None:
         stem = os.path.basename(os.path.dirname(path))
