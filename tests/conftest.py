@@ -22,6 +22,17 @@ def ray_session():
     ray.shutdown()
 
 
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """A real S3-compatible server (SeaweedFS) on 127.0.0.1 for a module's tests (tests/s3server.py)."""
+    from tests.s3server import S3Server
+
+    server = S3Server(str(tmp_path_factory.mktemp("s3")))
+    server.start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def recorded_cartpole(ray_session, tmp_path_factory):
     """One small real recorded PPO CartPole run (1 env runner), shared by the read-side tests."""

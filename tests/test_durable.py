@@ -16,17 +16,8 @@ import pytest
 from rllib_recorder import RecorderCallback, open_run
 from rllib_recorder.format import segments
 from tests.integrity import check_run
-from tests.s3server import S3Server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    server = S3Server(str(tmp_path_factory.mktemp("s3")))
-    server.start()
-    yield server
-    server.stop()
 
 
 def _config(output_dir, staging, run_name, **settings):

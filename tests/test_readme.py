@@ -80,14 +80,6 @@ def substitute(command: str, run_dir: str, target: str, s3: S3Server | None = No
     return command
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    server = S3Server(str(tmp_path_factory.mktemp("s3")))
-    server.start()
-    yield server
-    server.stop()
-
-
 def test_readme_and_guide_snippets_run_as_written(workspace, s3):
     folder, run_dir = workspace
     blocks = fenced_blocks(README)[1:] + fenced_blocks(GUIDE)  # the guide's export snippet trains on README's export

@@ -13,10 +13,10 @@ from rllib_recorder.format import layout, probe
 from rllib_recorder.format.manifest import read_manifest
 from rllib_recorder.format.store import is_uri, public_uri
 from rllib_recorder.read.follow import follow
-from rllib_recorder.read.remote import local_copy
 from rllib_recorder.read.iterate import iter_batches
 from rllib_recorder.read.multi_agent import iter_multi_agent_episodes
 from rllib_recorder.read.records import Batch, Episode
+from rllib_recorder.read.remote import local_copy
 from rllib_recorder.read.to_tables import to_dataframe
 from rllib_recorder.read.worker_file import WorkerFile
 
