@@ -220,8 +220,10 @@ class AlgorithmRecorder:
         target = store.resolve(store.uri_join(self.config.output_dir, *rel), self.config.storage_filesystem)
         if target.size("manifest.json") is not None and not os.path.exists(os.path.join(self.run_dir,
                                                                                          "manifest.json")):
-            raise OutputDirError(f"{target.uri_of('')!r} already holds a run; choose another run_name or "
-                                 "output_dir (a recording never overwrites an earlier one)")
+            raise OutputDirError(f"{target.uri_of('')!r} already holds a run, and its staging directory is not on "
+                                 f"this node ({self.run_dir}); choose another run_name or output_dir (a recording never "
+                                 "overwrites an earlier one; a Tune trial records on into its durable run only on the "
+                                 "node that staged it)")
         return target
 
     def _write_manifest(self) -> None:
