@@ -103,9 +103,11 @@ def info(path: str, as_json: bool, follow: bool, interval: float) -> None:
             click.echo(json.dumps(line) if as_json else report.live_line(line))
         return
 
-    path = _local(path)
+    asked, path = path, _local(path)
     if os.path.isfile(os.path.join(path, "manifest.json")):
         summary = _guard(lambda: summarize(path))
+        if is_uri(asked):  # read from its durable target: named by its URI, not the local cache
+            summary["run_dir"] = public_uri(asked)
         click.echo(json.dumps(summary, indent=2, default=str) if as_json else report.run_report(summary))
         return
     summary = _guard(lambda: summarize_folder(path))
@@ -261,10 +263,13 @@ class _Guarded:
 
 @main.command()
 @click.argument("run_dir", type=click.Path())
-def recover(run_dir: str) -> None:
+@click.option("--publish", is_flag=True, help="A durable run's staging directory: also seal and upload what it "
+              "holds to the target its manifest names (shown without this flag).")
+def recover(run_dir: str, publish: bool) -> None:
     """Make a RUN_DIR whose driver or writers were killed readable again, keeping every committed row.
 
-    Drops rows no commit names, removes temporary files and marks the manifest 'recovered'.
+    Drops rows no commit names, removes temporary files and marks the manifest 'recovered'. On a node's staging
+    directory of a run recorded to s3:// (or another durable target), --publish uploads what it holds there.
 
     \b
     Example (recordings/<run>: the run directory train printed):
@@ -274,10 +279,15 @@ def recover(run_dir: str) -> None:
 
     with progress_bar() as bar:
         task = bar.add_task("recovering files", total=count_files(run_dir))
-        report = _guard(lambda: recover_run(run_dir, progress=lambda n: bar.advance(task, n)))
+        report = _guard(lambda: recover_run(run_dir, progress=lambda n: bar.advance(task, n), publish=publish))
     for name, done in report["files"].items():
         click.echo(f"{name}: {done}")
     click.echo(f"recovered: {run_dir} holds {report['env_steps']} env steps, status {report['status']}")
+    if "published" in report:
+        click.echo(f"published: {report['published']['segments_uploaded']} segment(s) uploaded to {report['target']}")
+    elif report.get("target"):
+        click.echo(f"this is the staging directory of a run kept at {report['target']}: add --publish to upload what "
+                   "it holds there")
 
 
 @main.command()

@@ -345,8 +345,11 @@ def test_a_sigkilled_driver_recording_to_s3_is_published_by_recover(s3, tmp_path
     assert staged.startswith(str(tmp_path / "staging"))
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)  # the manifest names the target without credentials
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-    result = CliRunner().invoke(main, ["recover", staged])
-    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(main, ["recover", staged])  # a URI read from a recording alone sends nothing
+    assert result.exit_code == 0 and "add --publish" in result.output, result.output
+    assert glob.glob(os.path.join(staged, "*.h5")) or glob.glob(os.path.join(staged, ".segments", "*", "[0-9]*.h5"))
+    result = CliRunner().invoke(main, ["recover", staged, "--publish"])
+    assert result.exit_code == 0 and "published:" in result.output, result.output
     uri = s3.uri(f"runs/killed/{os.path.basename(staged)}")
     with open_run(uri, cache_dir=str(tmp_path / "cache")) as run:
         assert run.manifest["status"] == "recovered"

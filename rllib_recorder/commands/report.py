@@ -137,8 +137,7 @@ def run_report(summary: dict[str, Any]) -> str:
         f"p50 {human_duration(rates['write_delay_s_p50'])}, max {human_duration(rates['write_delay_s_max'])} "
         "from sampled to committed")
     rate_rows.append(("write delay", _or_why(delay, why.get("write_delay_s_p50"))))
-    shown = summary.get("target") or summary["run_dir"]  # a run read from its durable target: the URI
-    lines = _section(f"Run {shown}", run) + [""] + _section("Data", data) + [""]
+    lines = _section(f"Run {summary['run_dir']}", run) + [""] + _section("Data", data) + [""]
     lines += _section("Policy lag (learner version minus behaviour version, per env step)", lag_rows) + [""]
     lines += _section("Rates (env steps per second, whole run)", rate_rows)
     return "\n".join(lines)

@@ -75,7 +75,7 @@ def _commit_main() -> None:
     sys.stdout.write(json.dumps(stats, default=str))
 
 
-def recover_run(run_dir: str, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+def recover_run(run_dir: str, progress: Callable[[int], None] | None = None, publish: bool = False) -> dict[str, Any]:
     """Recovers every worker file of ``run_dir`` and finishes its manifest; returns what was done.
 
     Idempotent. A file is rewritten from its committed rows when it holds rows past its
@@ -83,7 +83,8 @@ def recover_run(run_dir: str, progress: Callable[[int], None] | None = None) -> 
     rows are all read back on the way, so a damaged one raises ``SchemaError`` naming it.
     A file that a writer created but never committed to holds no data: it is renamed
     ``*.h5.empty`` so that readers skip it. Leftover temporary files are removed. ``progress(1)`` is
-    called after each file.
+    called after each file. The staging directory of a durable run is uploaded to the target its manifest names
+    only with ``publish`` (the user's say-so: a URI read from a recording alone never decides where data goes).
     """
     if not os.path.isdir(run_dir):
         raise SchemaError(f"{run_dir} is not a directory; pass the run directory (it holds manifest.json)")
@@ -120,8 +121,10 @@ def recover_run(run_dir: str, progress: Callable[[int], None] | None = None) -> 
         )
         write_manifest(run_dir, manifest)
     report["status"] = manifest["status"]
-    if manifest.get("target"):  # a durable run's staging directory: what it holds goes to the target
-        report["published"] = _publish(run_dir, manifest)
+    if manifest.get("target"):  # a durable run's staging directory: what it holds goes to the target, if asked
+        report["target"] = str(manifest["target"])
+        if publish:
+            report["published"] = _publish(run_dir, manifest)
     return report
 
 
