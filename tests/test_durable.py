@@ -356,3 +356,41 @@ def test_a_sigkilled_driver_recording_to_s3_is_published_by_recover(s3, tmp_path
         assert run.num_env_steps >= progress[-1]["sampled"]
     check_run(uri, statuses=("recovered",))
     assert not glob.glob(os.path.join(staged, ".segments", "*", "[0-9]*.h5"))  # all of it left the node
+
+
+def test_a_writer_sigkilled_at_random_moments_while_it_seals_and_uploads_loses_and_repeats_nothing(ray_session, tmp_path):
+    """Sealing every 0.2 s, the writer actor is SIGKILLed three times at random moments of train(): mid-append,
+    mid-seal, mid-upload or mid-index. Ray restarts it; it goes on from its staging directory (the live file, the
+    sealed segments not yet published, the published records). At the target: every sampled step once, in order."""
+    import random
+    import signal
+    import threading
+
+    from rllib_recorder.commands.verify import verify_run
+    from tests.test_recording import ppo
+    from tests.test_reliability import _pid_of, _writer_actor
+
+    config = ppo(runners=2).callbacks(RecorderCallback.configured(
+        output_dir=str(tmp_path / "shared"), staging_dir=str(tmp_path / "staging"), run_name="killed-writer",
+        segment_s=0.2, coalesce_s=0.05))
+    algo = config.build_algo()
+    results = [algo.train()]
+    writer = _writer_actor(results[0]["recorder"]["run_dir"])
+    rng, pids = random.Random(), []
+    for _ in range(3):
+        pid = _pid_of(writer)
+        pids.append(pid)
+        timer = threading.Timer(rng.uniform(0.05, 0.5), os.kill, (pid, signal.SIGKILL))
+        timer.start()  # fires while train() below samples, appends, seals and uploads
+        results.append(algo.train())
+        timer.join()
+        results.append(algo.train())
+    algo.stop()
+    assert len(set(pids)) == 3  # three incarnations were killed
+    run_dir = str(tmp_path / "shared" / "killed-writer")
+    counts = check_run(run_dir)  # every row, value by value: no gap, no duplicate, across segments
+    sampled = _sampled(results[-1])
+    with open_run(run_dir) as run:
+        assert run.num_env_steps == sampled == counts["agent_steps"]
+        assert sum(len(segments.segment_list(f.h5)) for f in run.files) >= 4
+    assert verify_run(run_dir) == []
