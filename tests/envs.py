@@ -129,14 +129,15 @@ class StateRaisesEnv(CountingEnv):
 
 
 class FailOnceEnv(CountingEnv):
-    """CountingEnv that raises once, in its fourth episode, in the first process to get there: the marker file
+    """CountingEnv that raises once, in its fourth episode (``env_config["fail_at_episode"]``), in the first process to
+    get there: the marker file
     ``env_config["marker"]`` says it has (a Tune trial restarted after it records on)."""
 
     def step(self, action):
         import os
 
         marker = self.config_marker
-        if self.episode == 3 and self.t == 2 and marker:
+        if self.episode == self.fail_at_episode and self.t == 2 and marker:
             try:
                 os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
             except FileExistsError:
@@ -148,6 +149,7 @@ class FailOnceEnv(CountingEnv):
     def __init__(self, config: dict | None = None):
         super().__init__(config)
         self.config_marker = (config or {}).get("marker")
+        self.fail_at_episode = int((config or {}).get("fail_at_episode", 3))
 
 
 class TurnBasedEnv(MultiAgentEnv):

@@ -394,3 +394,49 @@ def test_a_writer_sigkilled_at_random_moments_while_it_seals_and_uploads_loses_a
         assert run.num_env_steps == sampled == counts["agent_steps"]
         assert sum(len(segments.segment_list(f.h5)) for f in run.files) >= 4
     assert verify_run(run_dir) == []
+
+
+def test_a_tune_trial_retried_on_another_node_records_on_into_its_run_at_the_target(ray_session, tmp_path):
+    """A Tune trial recording into durable storage fails (its env raises) and Tune retries it on a node that never
+    staged the run (here: its staging directory deleted before the retry). The retry fetches the run's manifest and
+    each runner's index from the target and records on: one run, two attempts, the stream's segments numbered on,
+    nothing overwritten, every step of both attempts stored and checked."""
+    import shutil
+
+    from ray import tune
+
+    from rllib_recorder.read.accounting import accounts, check
+    from tests.test_recording import ppo
+    from tests.test_tune_attempts import FailOnceEnv  # noqa: F401 - registers the env "fail_once"
+
+    staging = tmp_path / "staging"
+
+    class NodeGone(tune.Callback):
+        def on_trial_recover(self, iteration, trials, trial, **info):
+            shutil.rmtree(staging, ignore_errors=True)
+
+    config = ppo(env="fail_once", runners=0).environment("fail_once", env_config={
+        "obs_kind": "vector", "marker": str(tmp_path / "failed"), "fail_at_episode": 60})  # in its 6th iteration
+    config = config.callbacks(RecorderCallback.configured(output_dir=str(tmp_path / "shared"),
+                                                          staging_dir=str(staging), segment_s=0.2))
+    results = tune.Tuner(config.algo_class, param_space=config, run_config=tune.RunConfig(
+        name="retried", stop={"training_iteration": 8}, storage_path=str(tmp_path / "tune"), verbose=0,
+        failure_config=tune.FailureConfig(max_failures=1), callbacks=[NodeGone()])).fit()
+    assert not results.errors and (tmp_path / "failed").exists()  # the env did raise, and Tune retried the trial
+    (result,) = results
+    run_dir = result.metrics["recorder"]["target"]
+    assert run_dir.startswith(str(tmp_path / "shared" / "retried"))
+    with open_run(run_dir) as run:
+        attempts = run.manifest["attempts"]
+        # Tune killed the failed attempt's process: its sealed segments were at the target, its tail went with the
+        # deleted staging directory (as with a lost node); the retry recorded on from segment to segment
+        assert [a["attempt"] for a in attempts] == [0, 1] and attempts[1]["status"] == "finished", attempts
+        problems, _ = check(accounts(run.manifest, run.files), run.num_env_steps)
+        assert not problems, problems
+        (f,) = run.files
+        names = [s["name"] for s in segments.segment_list(f.h5)]
+        assert names == [f"{i:06d}.h5" for i in range(len(names))] and len(names) >= 4  # numbered on, no gap
+        assert len(set(f.batches()["sender_id"].tolist())) == 2  # both attempts' rows, in one stream
+        # the retry began again (no checkpoint): RLlib's count is its own; the first attempt's sealed steps add to it
+        assert run.num_env_steps > result.metrics["env_runners"]["num_env_steps_sampled_lifetime"] > 0
+    check_run(run_dir)

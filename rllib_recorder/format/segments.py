@@ -33,6 +33,9 @@ CARRIED_COMMITTED = "carried_committed"
 CARRIED_TOTALS = "carried_totals"
 SEGMENT_ATTR = "segment"
 OFFSET_COLUMNS = {"first_row": "steps", "batch": "batches"}
+# What the index keeps of each segment's record: enough to read it, and to go on with its stream from the target
+# alone (a writer on a node whose staging directory does not have the stream: a Tune trial retried elsewhere).
+RECORD_KEYS = ("name", "size", "sha256", "tables", "columns", "committed", "totals")
 _SEGMENT_NAME = re.compile(r"^(\d{6})\.h5$")
 
 
@@ -190,7 +193,7 @@ def build_index(out: str, stem: str, records: list[dict[str, Any]], newest: str,
             idx.attrs.update(attrs)
             commits.write_commit(idx, _commit(totals))
             idx.attrs["segments"] = json.dumps({"format": INDEX_FORMAT, "segments": [
-                {k: r[k] for k in ("name", "size", "sha256", "tables")} for r in records]})
+                {k: r[k] for k in RECORD_KEYS if k in r} for r in records]})
             for path, group_attrs in sorted(groups.items()):
                 idx.require_group(path).attrs.update(group_attrs)
             idx.require_group("batches")
@@ -206,6 +209,19 @@ def build_index(out: str, stem: str, records: list[dict[str, Any]], newest: str,
     finally:
         for h5 in sources:
             h5.close()
+
+
+def seed_from_index(run_dir: str, stem: str, index: str) -> None:
+    """Makes ``index`` (the stream's index fetched from the target) the local state of ``stem``: its local index
+    and published records, so that the next segment continues the stream's numbering and what it committed."""
+    with open_h5(index, "r") as h5:
+        records = segment_list(h5) or []
+    if any(k not in r for r in records for k in RECORD_KEYS):
+        raise ValueError(f"the index of {stem} at the target predates resumable indexes")
+    folder = stem_dir(run_dir, stem)
+    os.makedirs(folder, exist_ok=True)
+    durable.replace(index, os.path.join(folder, "index.h5"))
+    write_published(run_dir, stem, records)
 
 
 def segment_list(h5: h5py.File) -> list[dict[str, Any]] | None:

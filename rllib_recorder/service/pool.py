@@ -187,7 +187,8 @@ class SpoolWriter:
         self.publisher = Publisher(run_dir, target, owns, max_backlog_bytes=config.max_upload_backlog_bytes,
                                    check=config.check_uploads, thread=thread) if target is not None else None
         on_sealed = (self.publisher.sealed if self.publisher else _ignore) if config.durable else None
-        self.writer = RecordingWriter(run_dir, run_id, storage_options(config), file_tag, on_sealed=on_sealed)
+        self.writer = RecordingWriter(run_dir, run_id, storage_options(config), file_tag, on_sealed=on_sealed,
+                                      seed=self.publisher.seed if self.publisher else None)
         self._backlogged_s = 0.0
 
         self.tick_s = tick_s(config.coalesce_s)

@@ -122,6 +122,20 @@ class Publisher:
                 wait = self._retry_at - time.monotonic() if self._failures else 5.0
                 self._wake.wait(timeout=max(0.05, min(5.0, wait)))
 
+    def seed(self, stem: str) -> None:
+        """A stream with no state in this staging directory that the target already holds (a Tune trial retried on
+        another node, its earlier node's disk gone): its index and records are fetched from the target, so it goes
+        on where it stands there instead of starting over and overwriting it."""
+        folder = segments.stem_dir(self.run_dir, stem)
+        if os.path.exists(os.path.join(folder, segments.PUBLISHED)) or segments.sealed(self.run_dir, stem):
+            return
+        if self.target.size(f"{stem}.h5") is None:
+            return
+        os.makedirs(folder, exist_ok=True)
+        fetched = os.path.join(folder, "index.h5.fetched")
+        self.target.get(f"{stem}.h5", fetched)
+        segments.seed_from_index(self.run_dir, stem, fetched)
+
     def _publish(self, path: str) -> None:
         stem = os.path.basename(os.path.dirname(path))
         name = os.path.basename(path)

@@ -41,13 +41,17 @@ class AlgorithmRecorder:
     def __init__(self, algorithm: Any, config: RecorderConfig) -> None:
         self.config = config
         self.run_dir = resolve_run_dir(config.check_output_dir(), config, algorithm)
+        self.target, fetched = self._target()
         previous = previous_attempt(self.run_dir, *tune_names(algorithm))
+        if previous is None and fetched:
+            os.remove(os.path.join(self.run_dir, "manifest.json"))
+            raise OutputDirError(f"{self.target.uri_of('')!r} already holds a run; choose another run_name or "
+                                 "output_dir (a recording never overwrites an earlier one)")
         if previous is None and os.path.exists(self.run_dir) and os.listdir(self.run_dir):
             raise OutputDirError(
                 f"run directory {self.run_dir!r} already holds a run; choose another run_name "
                 "or output_dir (a recording never overwrites an earlier one)"
             )
-        self.target = self._target()
         os.makedirs(self.run_dir, exist_ok=True)
         durable.fsync_dir(os.path.dirname(self.run_dir))  # the run's name survives a power loss, like its rows
         # a Tune trial restarted, resumed or restored records on into its run: same id, the next attempt
@@ -211,20 +215,21 @@ class AlgorithmRecorder:
         logger.info("rllib_recorder: recording %s %s (%s)", self.run_dir, self.manifest["status"], ended_by)
         return totals
 
-    def _target(self) -> Any:
-        """Where a durable run's segments go: ``output_dir`` joined with the run's path under the staging root."""
+    def _target(self) -> tuple[Any, bool]:
+        """Where a durable run's segments go (``output_dir`` joined with the run's path under the staging root), and
+        whether its manifest was fetched from there: a run the target holds and this node has not staged (a Tune
+        trial retried on another node) is continued from the target's manifest, or refused if it is another's."""
         if not self.config.durable:
-            return None
+            return None, False
         rel = os.path.relpath(self.run_dir, self.config.staging_root()).split(os.sep)
         store.check_writable(store.resolve(self.config.output_dir, self.config.storage_filesystem))
         target = store.resolve(store.uri_join(self.config.output_dir, *rel), self.config.storage_filesystem)
-        if target.size("manifest.json") is not None and not os.path.exists(os.path.join(self.run_dir,
-                                                                                         "manifest.json")):
-            raise OutputDirError(f"{target.uri_of('')!r} already holds a run, and its staging directory is not on "
-                                 f"this node ({self.run_dir}); choose another run_name or output_dir (a recording never "
-                                 "overwrites an earlier one; a Tune trial records on into its durable run only on the "
-                                 "node that staged it)")
-        return target
+        local = os.path.join(self.run_dir, "manifest.json")
+        if target.size("manifest.json") is None or os.path.exists(local):
+            return target, False
+        os.makedirs(self.run_dir, exist_ok=True)
+        target.get("manifest.json", local)
+        return target, True
 
     def _write_manifest(self) -> None:
         """The manifest in the run directory, and at the target of a durable run (a failure there is counted:

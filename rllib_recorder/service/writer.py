@@ -37,8 +37,9 @@ class RecordingWriter:
     compact_slack_bytes = 8 << 20
 
     def __init__(self, run_dir: str, run_id: str, storage: datasets.StorageOptions, file_tag: str = "",
-                 on_sealed: Callable[[str], None] | None = None) -> None:
+                 on_sealed: Callable[[str], None] | None = None, seed: Callable[[str], None] | None = None) -> None:
         self.run_dir = run_dir
+        self.seed = seed  # fetches a stream's state from the target when this node has none (``Publisher.seed``)
         # Segmented (a durable target): files are sealed by size or age and handed to ``on_sealed``.
         self.on_sealed = on_sealed
         self._opened_at: dict[tuple[int, bool], float] = {}
@@ -266,6 +267,8 @@ class RecordingWriter:
             created = not os.path.exists(path)
             carry = {}
             if created and self.on_sealed is not None:  # a new segment: it carries what the stream committed
+                if self.seed is not None:
+                    self.seed(os.path.basename(path)[:-3])
                 carry = segments.carry_attrs(*segments.state_before(self.run_dir, os.path.basename(path)[:-3]))
             h5 = append.open_for_append(path, {
                 "run_id": self.run_id, "worker_index": worker_index, "is_evaluation": is_evaluation, **carry,
