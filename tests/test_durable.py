@@ -257,16 +257,6 @@ def test_a_target_the_recorder_cannot_write_is_one_line_before_training(ray_sess
     assert "\n" not in text
 
 
-def test_a_shared_file_system_path_is_a_durable_target_too(ray_session, tmp_path):
-    algo = _config(str(tmp_path / "shared"), tmp_path / "staging", "nfs", segment_s=0.3).build_algo()
-    result = [algo.train() for _ in range(3)][-1]
-    algo.stop()
-    run_dir = tmp_path / "shared" / "nfs"
-    assert json.loads((run_dir / "manifest.json").read_text())["status"] == "finished"
-    assert len(glob.glob(str(run_dir / "segments" / "worker-001" / "*.h5"))) >= 2
-    assert check_run(str(run_dir))["agent_steps"] == _sampled(result)
-
-
 def test_an_index_whose_segment_is_gone_is_one_line_not_zeros(ray_session, tmp_path):
     """HDF5 reads a virtual dataset's missing source as fill values: the reader refuses instead, naming the file."""
     import shutil
@@ -359,7 +349,7 @@ def test_a_sigkilled_driver_recording_to_s3_is_published_by_recover(s3, tmp_path
 
 
 def test_a_writer_sigkilled_at_random_moments_while_it_seals_and_uploads_loses_and_repeats_nothing(ray_session, tmp_path):
-    """Sealing every 0.2 s, the writer actor is SIGKILLed three times at random moments of train(): mid-append,
+    """Recording into a shared-file-system target (a local output_dir with staging_dir), sealing every 0.2 s, the writer actor is SIGKILLed three times at random moments of train(): mid-append,
     mid-seal, mid-upload or mid-index. Ray restarts it; it goes on from its staging directory (the live file, the
     sealed segments not yet published, the published records). At the target: every sampled step once, in order."""
     import random
