@@ -184,6 +184,10 @@ def bench_row(setup: RowSetup, reps: int, work: str, fresh: bool = False, crosso
     row_dir = os.path.join(work, f"{setup.env}-{setup.runners}-{setup.mode}-{other.replace(':', '-')}")
     sampled: dict[str, int] = defaultdict(int)
     out: dict[str, list[float]] = defaultdict(list)
+    if other.startswith("recorder") and not crossover:
+        # WriterCharge drains the runners after each block with the stop-time drain, which closes their recorders:
+        # a second block of the same algorithms would sample without recording (stored = sampled then read NO)
+        fresh = True
     builds = [(b, [b]) for b in range(reps)] if fresh else [(0, list(range(reps)))]
     names, timed = (("A", "B"), _crossover_build) if crossover else (setup.names, _timed_build)
     for build_index, rep_indices in builds:
