@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import sys
+import time
 
 import ray
 from ray.cluster_utils import Cluster
@@ -64,13 +65,19 @@ def main(uri: str, staging: str) -> dict:
     tag = next(layout.node_tag(int(i)) for i, n in manifest["writer_nodes"].items() if n["node_id"] == first[1])
     stem = f"worker-001.{tag}"
     target = store.resolve(store.uri_join(uri, "lossy"))
+    lost = next(n for n in NODES if n.node_id == first[1])
+    cluster.add_node(num_cpus=1, resources={"rec_runner": 1})  # the node that takes its place joins first
+
+    def tail() -> int:
+        """Batches committed since the node's last seal, once the iteration's last commit is done: between
+        iterations nothing samples, so nothing commits or seals until the node is gone."""
+        time.sleep(3 * 0.2)  # coalesce_s, three times over
+        return _live_batches(os.path.join(run_dir, f"{stem}.h5"))
+
     # until the node has a segment at the target, and rows committed since its last seal (its tail)
-    while len(results) < 40 and (len(results) < 4 or target.size(f"{stem}.h5") is None
-                                 or not _live_batches(os.path.join(run_dir, f"{stem}.h5"))):
+    while len(results) < 40 and (len(results) < 4 or target.size(f"{stem}.h5") is None or not tail()):
         results.append(algo.train())
     sealed_before = json.loads(_index_segments(target, stem))
-    lost = next(n for n in NODES if n.node_id == first[1])
-    cluster.add_node(num_cpus=1, resources={"rec_runner": 1})
     cluster.remove_node(lost)
     # its disk goes with it: the live file, its sealed segments not yet uploaded, the spool
     deleted = [p for p in (os.path.join(run_dir, f"{stem}.h5"), os.path.join(run_dir, ".segments", stem),
