@@ -274,6 +274,22 @@ def test_an_index_whose_segment_is_gone_is_one_line_not_zeros(ray_session, tmp_p
         run.num_env_steps
     assert "000000.h5 is missing" in str(info.value) and "\n" not in str(info.value)
 
+    # a hostile index: a segment named to leave the run, and virtual datasets reading a file it does not name
+    for change, said in (({"name": "../../evil.h5"}, "not a list of segment records"),
+                         (None, "not one of its own segments")):
+        hostile = tmp_path / f"hostile-{bool(change)}"
+        shutil.copytree(tmp_path / "shared" / "gone", hostile)
+        with h5py.File(hostile / "worker-001.h5", "r+") as h5:
+            listed = json.loads(h5.attrs["segments"])
+            if change:
+                listed["segments"][0].update(change)
+            else:
+                del listed["segments"][0]
+            h5.attrs["segments"] = json.dumps(listed)
+        with open_run(str(hostile)) as run, pytest.raises(SchemaError) as info:
+            run.num_env_steps
+        assert said in str(info.value) and "\n" not in str(info.value), info.value
+
 
 @pytest.mark.multinode
 def test_a_node_removed_mid_run_loses_at_most_its_unsealed_tail_and_verify_names_it(s3, tmp_path):

@@ -44,11 +44,16 @@ def write_manifest(run_dir: str, manifest: dict[str, Any]) -> str:
     return write_json_atomic(os.path.join(run_dir, MANIFEST_NAME), manifest)
 
 
+def json_bytes(value: Any) -> bytes:
+    """``value`` as a manifest's JSON: indented, keys sorted (what ``write_json_atomic`` writes)."""
+    return json.dumps(value, indent=2, sort_keys=True, default=str).encode()
+
+
 def write_json_atomic(path: str, value: Any) -> str:
     """Writes ``value`` as JSON to ``path`` via an fsynced temporary file and a rename."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(value, f, indent=2, sort_keys=True, default=str)
+    with open(tmp, "wb") as f:
+        f.write(json_bytes(value))
         f.flush()
         os.fsync(f.fileno())
     durable.replace(tmp, path)

@@ -20,6 +20,7 @@ from typing import Any, Iterable
 import h5py
 import numpy as np
 
+from rllib_recorder.errors import SchemaError
 from rllib_recorder.format import commits, durable
 from rllib_recorder.format.h5file import open_h5
 
@@ -37,6 +38,7 @@ OFFSET_COLUMNS = {"first_row": "steps", "batch": "batches"}
 # alone (a writer on a node whose staging directory does not have the stream: a Tune trial retried elsewhere).
 RECORD_KEYS = ("name", "size", "sha256", "tables", "columns", "committed", "totals")
 _SEGMENT_NAME = re.compile(r"^(\d{6})\.h5$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def stem_dir(run_dir: str, stem: str) -> str:
@@ -152,6 +154,21 @@ def seal(run_dir: str, path: str) -> str:
     return dest
 
 
+def seal_or_drop(run_dir: str, path: str) -> str | None:
+    """Seals the closed live file ``path`` (``seal``); one that commits nothing is removed instead (None)."""
+    with open_h5(path, "r") as h5:
+        empty = not commits.read_commit(h5)["batches"]
+    if empty:
+        os.remove(path)
+        return None
+    return seal(run_dir, path)
+
+
+def index_path(run_dir: str, stem: str) -> str:
+    """The local copy of ``stem``'s index in staging (the target's ``<stem>.h5``)."""
+    return os.path.join(stem_dir(run_dir, stem), "index.h5")
+
+
 def describe(path: str, stored: dict[str, Any]) -> dict[str, Any]:
     """The published record of a sealed segment: name, size, SHA-256, its tables' committed rows, and the
     stream's state after it."""
@@ -220,14 +237,43 @@ def seed_from_index(run_dir: str, stem: str, index: str) -> None:
         raise ValueError(f"the index of {stem} at the target predates resumable indexes")
     folder = stem_dir(run_dir, stem)
     os.makedirs(folder, exist_ok=True)
-    durable.replace(index, os.path.join(folder, "index.h5"))
+    durable.replace(index, index_path(run_dir, stem))
     write_published(run_dir, stem, records)
 
 
 def segment_list(h5: h5py.File) -> list[dict[str, Any]] | None:
-    """The segments an index names (None: ``h5`` is a plain worker file)."""
+    """The segments an index names (None: ``h5`` is a plain worker file). Each record's name, size and SHA-256 are
+    checked first: they become paths and downloads, so a name that is not ``NNNNNN.h5`` (``../x``) is refused."""
     raw = h5.attrs.get("segments")
-    return None if raw is None else json.loads(raw)["segments"]
+    if raw is None:
+        return None
+    try:
+        records = json.loads(raw)["segments"]
+        ok = isinstance(records, list) and all(
+            isinstance(r, dict) and isinstance(r.get("name"), str) and _SEGMENT_NAME.match(r["name"])
+            and type(r.get("size")) is int and r["size"] >= 0 and isinstance(r.get("tables"), dict)
+            and (r.get("sha256") is None or (isinstance(r["sha256"], str) and _SHA256.match(r["sha256"])))
+            for r in records)
+    except (ValueError, TypeError, KeyError):
+        ok = False
+    if not ok:
+        raise SchemaError(f"{h5.filename}: its 'segments' attribute is not a list of segment records "
+                          "(NNNNNN.h5, size, sha256); this index was not written by rllib_recorder")
+    return records
+
+
+def foreign_sources(h5: h5py.File, stem: str, records: list[dict[str, Any]] | None) -> list[str]:
+    """Files ``h5``'s virtual datasets read from other than its own segments (a plain worker file has none): HDF5
+    would read any file a virtual dataset names, so a reader refuses a file with one."""
+    allowed = {target_segment(stem, r["name"]) for r in records or []}
+    found: list[str] = []
+
+    def visit(_: str, obj: Any) -> None:
+        if isinstance(obj, h5py.Dataset) and obj.is_virtual:
+            found.extend(m.file_name for m in obj.virtual_sources() if m.file_name not in allowed)
+
+    h5.visititems(visit)
+    return sorted(set(found))
 
 
 def _open(path: str | None) -> h5py.File | None:

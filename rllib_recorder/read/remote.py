@@ -8,7 +8,6 @@ and fetched every time a run is opened, so a run still recording shows its newes
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import posixpath
 from typing import Any
@@ -62,7 +61,3 @@ def _fetch_segments(target: store.Target, local: str, index: str) -> None:
         path = os.path.join(local, *rel.split("/"))
         if not (os.path.exists(path) and os.path.getsize(path) == record["size"]):
             target.get(rel, path, size=record["size"], sha256=record.get("sha256"))
-
-
-def read_manifest_at(uri: str, filesystem: Any = None) -> dict[str, Any]:
-    return json.loads(store.resolve(uri, filesystem).get_bytes("manifest.json"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Iterator
 
 import h5py
@@ -43,6 +44,11 @@ class WorkerFile:
             try:
                 with h5file.damaged_file_errors(self.path):
                     h5file.validate_header(self._h5, self.path)
+                foreign = segments.foreign_sources(self._h5, os.path.basename(self.path)[:-3],
+                                                   segments.segment_list(self._h5))
+                if foreign:
+                    raise SchemaError(f"{self.path} has virtual datasets reading {foreign[0]!r}, not one of its own "
+                                      "segments; a recording reads nothing outside its run: remove the file")
                 missing = self.missing_segments()  # HDF5 would read a missing segment's rows as zeros
                 if missing:
                     raise SchemaError(f"{self.path} names segments that are not there ({missing[0]}"
@@ -74,8 +80,6 @@ class WorkerFile:
 
     def stored_bytes(self) -> int:
         """Bytes on disk: the file, and for an index the segments it names."""
-        import os
-
         with h5file.damaged_file_errors(self.path):
             records = segments.segment_list(self.h5) or []
         return os.path.getsize(self.path) + sum(int(r["size"]) for r in records)

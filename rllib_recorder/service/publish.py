@@ -143,7 +143,7 @@ class Publisher:
         stored = self.target.put(path, segments.target_segment(stem, name), check=self.check)
         record = segments.describe(path, stored)
         records = [r for r in segments.read_published(self.run_dir, stem) if r["name"] != name] + [record]
-        index = os.path.join(segments.stem_dir(self.run_dir, stem), "index.h5")
+        index = segments.index_path(self.run_dir, stem)
         segments.build_index(index, stem, records, path, index if os.path.exists(index) else None)
         segments.write_published(self.run_dir, stem, records)
         self._dirty.add(stem)
@@ -154,8 +154,7 @@ class Publisher:
         self._put_index(stem)
 
     def _put_index(self, stem: str) -> None:
-        index = os.path.join(segments.stem_dir(self.run_dir, stem), "index.h5")
-        self.target.put(index, f"{stem}.h5", replace=True, check=False)
+        self.target.put(segments.index_path(self.run_dir, stem), f"{stem}.h5", replace=True, check=False)
         self._dirty.discard(stem)
 
 
@@ -172,17 +171,9 @@ def publish_run(run_dir: str, target: Target, config: Any, timeout_s: float) -> 
     is reported, and stays in staging)."""
     import glob
 
-    from rllib_recorder.format import h5file
-    from rllib_recorder.format.commits import read_commit
-
     for path in sorted(glob.glob(os.path.join(glob.escape(run_dir), "*.h5"))):
         try:
-            with h5file.open_h5(path, "r") as h5:
-                empty = not read_commit(h5)["batches"]
-            if empty:
-                os.remove(path)
-            else:
-                segments.seal(run_dir, path)
+            segments.seal_or_drop(run_dir, path)
         except Exception as e:  # noqa: BLE001 - a damaged file stays in staging for 'recover'
             logger.warning("rllib_recorder: could not seal %s (%s: %s); it stays in %s", path, type(e).__name__, e,
                            run_dir)

@@ -131,9 +131,8 @@ def recover_run(run_dir: str, progress: Callable[[int], None] | None = None, pub
 def _publish(run_dir: str, manifest: dict[str, Any]) -> dict[str, Any]:
     """Seals and uploads what the staging ``run_dir`` of a durable run holds, then the manifest; one-line
     SchemaError when the target refuses (everything stays here for the next ``recover``)."""
-    import json
-
     from rllib_recorder.format import store
+    from rllib_recorder.format.manifest import json_bytes
     from rllib_recorder.service.publish import publish_run
 
     target = store.resolve(manifest["target"])
@@ -141,7 +140,7 @@ def _publish(run_dir: str, manifest: dict[str, Any]) -> dict[str, Any]:
     try:
         if stats["upload_backlog_segments"]:
             raise OSError(stats["last_upload_error"] or "uploads failed")
-        target.put_bytes(json.dumps(manifest, indent=2, sort_keys=True, default=str).encode(), "manifest.json")
+        target.put_bytes(json_bytes(manifest), "manifest.json")
     except OSError as e:
         raise SchemaError(f"{run_dir} is recovered here, but uploading it to {manifest['target']} failed "
                           f"({(str(e).strip().splitlines() or [''])[0]}); its segments stay here: run recover again "

@@ -4,7 +4,6 @@ learners hooked, and its end: every runner drained, every file closed, the manif
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import time
@@ -20,7 +19,7 @@ from rllib_recorder.config import RecorderConfig
 from rllib_recorder.errors import OutputDirError, RecorderError
 from rllib_recorder.format import durable, store
 from rllib_recorder.format.index import entry_from_manifest, update_run
-from rllib_recorder.format.manifest import now_iso, write_manifest
+from rllib_recorder.format.manifest import json_bytes, now_iso, write_manifest
 from rllib_recorder.format.store import public_uri
 from rllib_recorder.record.binding import Binding, current_node_id
 from rllib_recorder.record.runner import bind_env_runner, drain_env_runner, runner_node_id
@@ -238,8 +237,7 @@ class AlgorithmRecorder:
         if self.target is None:
             return
         try:
-            self.target.put_bytes(json.dumps(self.manifest, indent=2, sort_keys=True, default=str).encode(),
-                                  "manifest.json")
+            self.target.put_bytes(json_bytes(self.manifest), "manifest.json")
         except Exception as e:  # noqa: BLE001 - the store's errors vary; the local manifest stays the truth
             self.errors["manifest_upload"] += 1
             logger.warning("rllib_recorder: writing the manifest to %s failed: %s", self.target.uri_of(""), e)

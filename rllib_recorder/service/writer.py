@@ -16,7 +16,7 @@ from typing import Any, Callable
 import h5py
 
 from rllib_recorder.errors import RecorderError, WriterError
-from rllib_recorder.format import append, commits, datasets, durable, h5file, layout, open_columns, segments
+from rllib_recorder.format import append, commits, datasets, durable, layout, open_columns, segments
 from rllib_recorder.format.chunks import Chunk
 from rllib_recorder.format.lag import chunk_learner_version, count_lags, step_lags
 
@@ -183,10 +183,7 @@ class RecordingWriter:
             if self.storage.fsync:
                 os.fsync(h5.id.get_vfd_handle())
             h5.close()
-            # The file is final now: dead space worth a quarter of its data is worth one copy
-            # (small files too: copying a few MiB takes milliseconds).
-            if _path_size(path) - data > max(data // 4, 64 << 10):
-                self._compact_closed(path)
+            self._compact_if_worth(path, data)  # the file is final now
             if self.on_sealed is not None:
                 self._seal_closed(path)
         return self.stats()
@@ -204,8 +201,7 @@ class RecordingWriter:
         try:
             path, data = h5.filename, self._data_bytes(key, h5)
             self._close_file(key)
-            if _path_size(path) - data > max(data // 4, 64 << 10):
-                self._compact_closed(path)
+            self._compact_if_worth(path, data)
             self._seal_closed(path)
         except Exception as e:  # noqa: BLE001
             self._totals["seal_errors"] += 1
@@ -214,13 +210,16 @@ class RecordingWriter:
 
     def _seal_closed(self, path: str) -> None:
         """Moves the closed file ``path`` into its segments (an empty one is removed) and hands it on."""
-        with h5file.open_h5(path, "r") as h5:
-            empty = not commits.read_commit(h5)["batches"]
-        if empty:
-            os.remove(path)
-            return
-        self.on_sealed(segments.seal(self.run_dir, path))
-        self._totals["segments_sealed"] += 1
+        sealed = segments.seal_or_drop(self.run_dir, path)
+        if sealed is not None:
+            self.on_sealed(sealed)
+            self._totals["segments_sealed"] += 1
+
+    def _compact_if_worth(self, path: str, data: int) -> None:
+        """A closed file whose dead space is worth a quarter of its data is worth one copy (small files too:
+        copying a few MiB takes milliseconds)."""
+        if _path_size(path) - data > max(data // 4, 64 << 10):
+            self._compact_closed(path)
 
     def _data_bytes(self, key: tuple[int, bool], h5: h5py.File) -> int:
         return commits.datasets_bytes(h5) + self._heap[key]
