@@ -101,7 +101,7 @@ class RecorderCallback(RLlibCallback):
     def on_sample_end(self, *, samples: Any, env_runner: Any = None, worker: Any = None, **kwargs: Any) -> None:
         runner = env_runner if env_runner is not None else worker
         try:
-            recorder_for(runner).record(samples, runner)
+            recorder_for(runner, self.recorder_config.max_backlog_bytes).record(samples, runner)
         except Exception as e:  # the one place exceptions are caught: never crash the runner
             self._count(runner, "sample", e)
 

@@ -15,6 +15,7 @@ from rllib_recorder.format import counters, h5file, liveness
 from rllib_recorder.format.lag import count_lags, lag_summary
 from rllib_recorder.format.manifest import ENDED_STATUSES, read_manifest
 from rllib_recorder.read.run import open_run
+from rllib_recorder.read import accounting
 
 
 def summarize(run_dir: str) -> dict[str, Any]:
@@ -35,6 +36,8 @@ def summarize(run_dir: str) -> dict[str, Any]:
         raw = totals.get("raw_bytes") or 0
         status = run_status(run_dir, manifest)
         recording = str(status).startswith("recording")
+        unexplained = None if recording else accounting.unexplained_steps(manifest, accounting.accounts(manifest,
+                                                                                                        run.files))
         summary = {
             "run_dir": run_dir, "target": manifest.get("target"), "trial": manifest.get("trial_name") or manifest.get("trial"),
             "status": status, "ended_by": manifest.get("ended_by"), "algorithm": manifest.get("algorithm"),
@@ -49,6 +52,7 @@ def summarize(run_dir: str) -> dict[str, Any]:
             "disk_bytes": disk, "raw_bytes": raw or None,
             "compression_ratio": round(raw / disk, 2) if raw and disk else None,
             "env_steps_not_stored": _not_stored(totals) if not recording else None,
+            "env_steps_unexplained": unexplained,
             "chunks_dropped": totals.get("chunks_dropped"), "errors": totals.get("errors"),
             "policy_lag": lag_summary(lags),
             "rates": run_rates(run, totals),

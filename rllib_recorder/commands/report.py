@@ -116,6 +116,10 @@ def run_report(summary: dict[str, Any]) -> str:
     not_stored = (f"unknown ({why.get('env_steps_not_stored')})" if lost is None else
                   "nothing: every sampled env step is stored" if lost == 0 else
                   f"{human_count(lost)} env steps (their causes: rllib-recorder verify)")
+    if summary.get("env_steps_unexplained"):
+        not_stored = (f"{human_count(summary['env_steps_unexplained'])} env steps RLlib sampled are neither stored "
+                      f"nor counted: an unexplained gap (rllib-recorder verify names the runners)"
+                      + ("" if not lost else f"; counted: {human_count(lost)}"))
     errors = summary.get("errors")
     data = [("env steps", human_count(summary["env_steps"])), ("episodes", episodes), ("on disk", disk),
             ("not stored", not_stored), ("errors", "none" if not errors else human_count(errors))]

@@ -42,7 +42,8 @@ def verify_report(run_dir: str, progress: Callable[[int], None] | None = None) -
                 progress(1)
         runs = accounting.accounts(run.manifest, run.files)
         gaps, notes = accounting.check(runs, stored, ended=live is None)
-    summary = accounting.summary_line(runs)
+        gaps += accounting.rllib_gaps(run.manifest, runs)
+        summary = accounting.summary_line(runs, run.manifest)
     if live is not None:  # the rest is still in the runners' spools: accounted when the run ends
         summary = f"recording now ({live}); checked what is committed so far" + (f": {summary}" if summary else "")
     return {"problems": problems + gaps, "notes": notes, "summary": summary, "recording": live}

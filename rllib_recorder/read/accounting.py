@@ -88,13 +88,74 @@ def check(accounts_: list[Account], stored_total: int, ended: bool = True) -> tu
     return problems, notes
 
 
-def summary_line(accounts_: list[Account]) -> str | None:
-    """`all N sampled steps stored`, or how many of them are (None when nothing was accounted)."""
+def rllib_gaps(manifest: dict[str, Any], accounts_: list[Account]) -> list[str]:
+    """Problems where RLlib's own sampled count (kept in the manifest at every train result) exceeds what the run
+    stored plus what it counted as not stored: steps that escaped the recorder's count altogether (an env-runner
+    process that never recorded, say). Each names the runners it can: those with fewer incarnations reaching a
+    writer than the driver saw in Ray's actor table."""
+    iteration = (manifest.get("rllib_counts") or {}).get("training_iteration")
+    return [f"unexplained gap: {gap} env steps RLlib sampled are neither stored nor counted ({what} runners: RLlib "
+            f"sampled {rllib} by iteration {iteration}, {accounted} stored or counted" + (f"; {where}" if where else "")
+            + ")" for what, gap, rllib, accounted, where in _rllib_gaps(manifest, accounts_)]
+
+
+def unexplained_steps(manifest: dict[str, Any], accounts_: list[Account]) -> int:
+    """Env steps RLlib sampled that the run neither stored nor counted (0 when RLlib's count is not kept)."""
+    return sum(gap for _, gap, *_ in _rllib_gaps(manifest, accounts_))
+
+
+def _rllib_gaps(manifest: dict[str, Any], accounts_: list[Account]) -> list[tuple[str, int, int, int, str]]:
+    counts = manifest.get("rllib_counts") if isinstance(manifest.get("rllib_counts"), dict) else {}
+    out = []
+    for what, key, evaluation in (("training", "env_steps_sampled", False),
+                                  ("evaluation", "evaluation_env_steps_sampled", True)):
+        rllib = counts.get(key)
+        if not isinstance(rllib, (int, float)) or isinstance(rllib, bool) or rllib <= 0:
+            continue
+        mine = [a for a in accounts_ if a.sender.startswith("eval-") == evaluation]
+        accounted = sum(a.stored + sum(a.lost.values()) for a in mine)
+        if int(rllib) > accounted:
+            out.append((what, int(rllib) - accounted, int(rllib), accounted, _runners_short(manifest, mine, evaluation)))
+    return out
+
+
+def _runners_short(manifest: dict[str, Any], accounts_: list[Account], evaluation: bool) -> str:
+    """The runners whose incarnations (as the driver saw them in Ray's actor table) did not all reach a writer."""
+    runners = manifest.get("runners") if isinstance(manifest.get("runners"), dict) else {}
+    reached: dict[str, int] = {}
+    for a in accounts_:
+        stem = a.sender.rsplit("/", 1)[0].split(".")[0]  # worker-001(.node1)/<sender> -> worker-001
+        reached[stem] = reached.get(stem, 0) + 1
+    short = []
+    for key, entry in sorted(runners.items()):
+        if not isinstance(entry, dict) or key.startswith("eval-") != evaluation:
+            continue
+        seen = int(entry.get("incarnations") or 0)
+        if reached.get(key, 0) < seen:
+            short.append(f"{key}: {reached.get(key, 0)} of its {seen} incarnation(s) reached a writer")
+    return ", ".join(short)
+
+
+def incarnations(manifest: dict[str, Any], accounts_: list[Account]) -> int:
+    """Env-runner incarnations: those that reached a writer, or as many as the driver saw, if more."""
+    runners = manifest.get("runners") if isinstance(manifest.get("runners"), dict) else {}
+    seen = sum(int(e.get("incarnations") or 0) for e in runners.values() if isinstance(e, dict))
+    return max(seen, len([a for a in accounts_ if a.known]))
+
+
+def summary_line(accounts_: list[Account], manifest: dict[str, Any] | None = None) -> str | None:
+    """`all N sampled steps stored`, or how many of them are (None when nothing was accounted); with the manifest,
+    the incarnations the driver saw and RLlib's count where it exceeds the recorder's."""
+    runners = incarnations(manifest, accounts_) if manifest is not None else 0
     accounts_ = [a for a in accounts_ if a.known]
     if not accounts_:
         return None
     sampled, stored = sum(a.sampled for a in accounts_), sum(a.stored for a in accounts_)
-    runners = len(accounts_)
+    runners = max(runners, len(accounts_))
+    unexplained = unexplained_steps(manifest, accounts_) if manifest is not None else 0
+    if unexplained:
+        return (f"{stored} of {sampled + unexplained} sampled env steps stored, by RLlib's count ({runners} env "
+                "runner incarnation(s))")
     if stored == sampled and not any(a.lost for a in accounts_):
         return f"all {sampled} sampled env steps stored ({runners} env runner incarnation(s))"
     return f"{stored} of {sampled} sampled env steps stored ({runners} env runner incarnation(s))"

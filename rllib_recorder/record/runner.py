@@ -14,6 +14,7 @@ from rllib_recorder.format.chunks import Chunk
 from rllib_recorder.format.liveness import HEARTBEAT_NAME
 from rllib_recorder.format.spool_files import SPOOL_DIR, SegmentWriter
 from rllib_recorder.record.batches import batch_to_chunk
+from rllib_recorder.record import registry
 from rllib_recorder.record.binding import Binding, assign_writer, current_node_id
 from rllib_recorder.record.convert import START_STATE_KEY, ConvertOptions, episodes_to_chunk
 from rllib_recorder.record.envstate import plan_of, sub_envs
@@ -24,27 +25,32 @@ logger = logging.getLogger(__name__)
 # One recorder per env runner object; a restarted runner is a new object (and process).
 _RECORDERS: "weakref.WeakKeyDictionary[Any, EnvRunnerRecorder]" = weakref.WeakKeyDictionary()
 
-# Samples held while a runner is not bound yet (it normally is before its first sample).
-MAX_UNBOUND_CHUNKS = 64
+# While a runner finds no binding, it looks again at most this often (a GCS read each time).
+FIND_BINDING_EVERY_S = 1.0
 
 
-def recorder_for(env_runner: Any) -> "EnvRunnerRecorder":
-    """The recorder of ``env_runner`` (created on first use)."""
+def recorder_for(env_runner: Any, max_unbound_bytes: int | None = None) -> "EnvRunnerRecorder":
+    """The recorder of ``env_runner`` (created on first use; ``max_unbound_bytes``: what it may hold until it is
+    bound, the callback's ``max_backlog_bytes``)."""
     recorder = _RECORDERS.get(env_runner)
     if recorder is None:
         recorder = EnvRunnerRecorder(
             worker_index=int(getattr(env_runner, "worker_index", 0) or 0),
             is_evaluation=bool(getattr(env_runner.config, "in_evaluation", False)),
+            max_unbound_bytes=max_unbound_bytes,
         )
         _RECORDERS[env_runner] = recorder
     return recorder
 
 
 def bind_env_runner(env_runner: Any, binding: Binding) -> dict[str, Any]:
-    """Run on each env runner by the driver (``foreach_env_runner``): connect it to its writer."""
+    """Run on each env runner by the driver (``foreach_env_runner``): connect it to its writer, and leave the
+    binding where a later incarnation of the same actor (Ray restarts it by itself) finds it (``registry``)."""
     recorder = recorder_for(env_runner)
     recorder.bind(binding)
-    return {"worker_index": recorder.worker_index, "is_evaluation": recorder.is_evaluation}
+    registry.publish(binding)
+    return {"worker_index": recorder.worker_index, "is_evaluation": recorder.is_evaluation,
+            "pid": os.getpid(), "actor_id": registry.own_actor_id()}
 
 
 def runner_node_id(env_runner: Any) -> str:
@@ -54,6 +60,7 @@ def runner_node_id(env_runner: Any) -> str:
 
 def drain_env_runner(env_runner: Any, timeout_s: float = 0.0) -> dict[str, Any]:
     """Run on each env runner when the algorithm stops: close its spool with its final counters."""
+    registry.withdraw()  # a restart after the run's end records nothing into it
     recorder = _RECORDERS.get(env_runner)
     if recorder is None:
         return {"worker_index": getattr(env_runner, "worker_index", 0), "unbound_chunks": 0, "samples": 0}
@@ -103,7 +110,7 @@ class StartStates:
 class EnvRunnerRecorder:
     """Counts, converts and hands each sample of one env runner to its spool; never touches HDF5."""
 
-    def __init__(self, worker_index: int, is_evaluation: bool) -> None:
+    def __init__(self, worker_index: int, is_evaluation: bool, max_unbound_bytes: int | None = None) -> None:
         self.worker_index = worker_index
         self.is_evaluation = is_evaluation
         self.binding: Binding | None = None
@@ -113,6 +120,9 @@ class EnvRunnerRecorder:
         # every on_sample_end payload, counted before anything can fail: the completeness check's reference
         self.sampled: Counter[str] = Counter()
         self._unbound: list[Chunk] = []
+        self._unbound_bytes = 0
+        self.max_unbound_bytes = max_unbound_bytes if max_unbound_bytes is not None else (256 << 20)
+        self._next_lookup = 0.0  # when an unbound runner looks for its binding again (monotonic seconds)
         # Read on every episode start: unbound runners capture (their samples are held until bound), bound ones
         # as configured. Set again by ``bind``.
         self.records_start_states = self.enabled
@@ -148,6 +158,20 @@ class EnvRunnerRecorder:
         for chunk in self._unbound:
             self.outbox.add(chunk)
         self._unbound.clear()
+        self._unbound_bytes = 0
+
+    def find_binding(self) -> None:
+        """An unbound runner looks for its run's binding itself (at most every ``FIND_BINDING_EVERY_S``): the
+        driver leaves it under the runner's actor id, which stays the same when Ray restarts the actor."""
+        now = time.monotonic()
+        if now < self._next_lookup:
+            return
+        self._next_lookup = now + FIND_BINDING_EVERY_S
+        binding = registry.lookup()
+        if binding is not None:
+            logger.info("rllib_recorder: env runner %d (pid %d) found run %s and records into it",
+                        self.worker_index, os.getpid(), binding.run_id)
+            self.bind(binding)
 
     def record(self, samples: Any, env_runner: Any) -> None:
         """Counts, converts and hands one ``on_sample_end`` payload to the spool."""
@@ -164,12 +188,16 @@ class EnvRunnerRecorder:
         if not chunk.streams:
             self.sampled["env_steps_empty"] += chunk.env_steps  # e.g. episodes of length 0: nothing to store
             return
+        if self.outbox is None and self.binding is None:
+            self.find_binding()
         if self.outbox is None or self.outbox.closed:
-            if len(self._unbound) >= MAX_UNBOUND_CHUNKS:
+            size = chunk.held_nbytes
+            if self._unbound_bytes + size > self.max_unbound_bytes:  # held for its writer up to the backlog bound
                 self.count_error("unbound_overflow")
                 self.sampled["env_steps_unbound_dropped"] += chunk.env_steps
                 return
             self._unbound.append(chunk)
+            self._unbound_bytes += size
             return
         self.outbox.add(chunk)
 

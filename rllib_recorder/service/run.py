@@ -25,8 +25,9 @@ from rllib_recorder.record.binding import Binding, current_node_id
 from rllib_recorder.record.runner import bind_env_runner, drain_env_runner, runner_node_id
 from rllib_recorder.service import lifecycle
 from rllib_recorder.service.attempts import earlier_totals, previous_attempt, tune_names
+from rllib_recorder.service.incarnations import RunnerWatch
 from rllib_recorder.service.learner import count_consumed, hook_learners
-from rllib_recorder.service.metrics import Rates, learner_version_of, sum_stats
+from rllib_recorder.service.metrics import Rates, find, learner_version_of, sum_stats
 from rllib_recorder.service.pool import WriterPool
 from rllib_recorder.service.publish import publish_run
 from rllib_recorder.service.run_dir import config_is_new_stack, initial_manifest, resolve_run_dir
@@ -86,8 +87,10 @@ class AlgorithmRecorder:
         self._writers_added()
         # held here too: the driver may end (atexit, SIGTERM) after the algorithm object is gone
         self._held_groups = self._groups(algorithm)
-        for group, _ in self._held_groups:
+        self.watch = RunnerWatch()
+        for group, is_evaluation in self._held_groups:
             self.bind(group)
+            self.watch.check(group, is_evaluation)  # the incarnations bound now
         # After binding: every node with runners has its writers, and the learners report to all of them.
         self.learners_reporting = self._hook_learners(algorithm)
         self.consumed = count_consumed(algorithm, start=self._before["env_steps_consumed"])
@@ -135,10 +138,13 @@ class AlgorithmRecorder:
             self.learner_version, self.learner_version_since = version, time.time()
             if not self.learners_reporting:  # coarse: known only once per iteration
                 self.pool.set_learner_version(version, self.learner_version_since)
+        self._watch_runners()
         writer_stats = self.pool.stats()
         for stats in writer_stats:  # kept: a node lost later takes its writer's counters with it
             self._senders_seen.update(stats.get("runners") or {})
         result["recorder"] = self.metrics(writer_stats, result)
+        result["recorder"]["runner_incarnations"] = sum(r["incarnations"] for r in self.watch.runners.values())
+        self._keep_rllib_counts(result)
         self._update_index(env_steps=result["recorder"]["env_steps_stored"])
         errors = result["recorder"]["errors"]
         if self.config.fail_on_error and errors:
@@ -147,6 +153,35 @@ class AlgorithmRecorder:
                 f"rllib_recorder counted {errors} error(s), last: {cause}; "
                 "training stops because fail_on_error=True"
             )
+
+    def _watch_runners(self) -> None:
+        """Counts every runner's incarnations (Ray's restarts included, which RLlib never reports) and binds those
+        that are new or restarted since the last result (a restart may land on a node without writers)."""
+        for group, is_evaluation in self._groups(self._algorithm()) if self._algorithm() is not None else []:
+            try:
+                indices = self.watch.check(group, is_evaluation)
+                if indices:
+                    self.bind(group, indices)
+            except Exception as e:  # noqa: BLE001 - the runner has bound itself at its first sample, as a rule
+                self.errors["rebind"] += 1
+                logger.warning("rllib_recorder: binding restarted env runners failed (%s: %s)",
+                               type(e).__name__, e)
+
+    def _keep_rllib_counts(self, result: dict[str, Any]) -> None:
+        """RLlib's own sampled counts, kept in the manifest at every result: what ``verify`` checks the stored
+        steps against (someone else's count, not the recorder's)."""
+        counts = {"env_steps_sampled": int(self.rates.lifetime.get("env_steps_sampled") or 0),
+                  "training_iteration": result.get("training_iteration"), "at": now_iso()}
+        evaluated = find(result, ("evaluation", "env_runners", "num_env_steps_sampled_lifetime"), None)
+        if evaluated is not None and self.config.record_evaluation:
+            counts["evaluation_env_steps_sampled"] = int(evaluated)
+        self.manifest["rllib_counts"] = counts
+        self.manifest["runners"] = self.watch.as_dict()
+        try:  # locally only: a durable run's target gets it with the next seal and at the end
+            write_manifest(self.run_dir, self.manifest)
+        except OSError as e:
+            self.errors["manifest"] += 1
+            logger.warning("rllib_recorder: writing the manifest failed: %s", e)
 
     def metrics(self, writer_stats: list[dict[str, Any]], result: dict[str, Any] | None = None) -> dict[str, Any]:
         """Sums writer and env-runner counters into one flat dict of recorder metrics (with the rates since the
@@ -174,6 +209,12 @@ class AlgorithmRecorder:
         ended_by = ended_by or ("Tune stopped the trial" if self.manifest.get("trial") else "algo.stop()")
         groups = self._groups(algorithm) if algorithm is not None else self._held_groups
         ray_up = ray.is_initialized()
+        if ray_up and algorithm is not None:
+            try:
+                for group, is_evaluation in groups:
+                    self.watch.check(group, is_evaluation)
+            except Exception:  # noqa: BLE001 - the counts as of the last result stay
+                pass
         drains = []
         for group, is_evaluation in groups if ray_up else []:
             drains += self._drain(group, is_evaluation)
@@ -203,6 +244,7 @@ class AlgorithmRecorder:
         self.manifest.update(
             status=status, ended_by=ended_by, finished_at=now_iso(),
             totals=totals, files=self.pool.placement(), writer_nodes=self.pool.writer_nodes(),
+            runners=self.watch.as_dict(),
             nodes=sorted({s.get("node") for s in writer_stats if s.get("node")}),
         )
         self._write_manifest()
