@@ -1,0 +1,128 @@
+"""Chaos with RLlib's defaults: env runners SIGKILLed at random moments, between ``train()`` calls and during
+``sample()``, writers killed too, with no ``fault_tolerance()`` call, on both API stacks and multi-agent.
+
+RLlib 2.60 creates its env runners with Ray's ``max_restarts``: a runner killed while the learner updates is
+restarted by Ray before RLlib's next call, and RLlib never learns of it (``num_remote_worker_restarts`` stays 0).
+A kill during ``sample()`` is one RLlib notices. Either way every step RLlib got back must be stored exactly once
+(every row checked against the env's code), its count checked against RLlib's own, and ``verify`` clean.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+
+import pytest
+import ray
+
+from rllib_recorder import RecorderCallback
+from rllib_recorder.commands.verify import verify_report
+from rllib_recorder.format.manifest import read_manifest
+from rllib_recorder.read.run import open_run
+from rllib_recorder.service.pool import writer_name
+from tests.integrity import check_run
+from tests.test_recording import ppo
+
+CASES = {
+    "new stack": {},
+    "new stack, multi-agent": {"env": "counting_ma", "multi_agent": True},
+    "old stack": {"old_stack": True},
+}
+
+
+def _runner_pids(algo) -> dict[int, int]:
+    return dict(algo.env_runner_group.foreach_env_runner(lambda r: (r.worker_index, os.getpid()),
+                                                         local_env_runner=False))
+
+
+def _actor_of(algo, index: int):
+    return algo.env_runner_group._worker_manager.actors()[index]
+
+
+def _await_restart(actor, old_pid: int, timeout: float = 60.0) -> int:
+    """Waits until Ray has the actor alive again in a new process (as it is after a learner update of some
+    seconds, before RLlib's next call); returns the new pid."""
+    from ray._private import state
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        info = state.actors(actor._actor_id.hex())
+        if info.get("State") == "ALIVE" and info.get("Pid") not in (None, 0, old_pid):
+            return int(info["Pid"])
+        time.sleep(0.2)
+    raise AssertionError(f"Ray did not restart the env runner within {timeout} s")
+
+
+def _writer_pids(run_dir: str) -> list[int]:
+    run_id = read_manifest(run_dir)["run_id"]
+    namespace = ray.get_runtime_context().namespace
+    writer = ray.get_actor(writer_name(run_id, 0), namespace=namespace)
+    return [ray.get(writer.__ray_call__.remote(lambda self: os.getpid()), timeout=60)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_env_runners_and_writers_killed_at_random_moments_with_rllib_defaults_lose_nothing(ray_session, tmp_path,
+                                                                                          case):
+    multi_agent = CASES[case].get("multi_agent", False)
+    algo = ppo(runners=2, **CASES[case]).callbacks(RecorderCallback.configured(output_dir=str(tmp_path))) \
+        .build_algo()
+    rng = random.Random()
+    faults = ["between", "during", rng.choice(["between", "during"]), "writer"]
+    rng.shuffle(faults)
+    results, killed = [algo.train()], []  # killed: (worker index, pid) of each runner kill
+    run_dir = results[0]["recorder"]["run_dir"]
+    try:
+        for fault in faults:
+            pids = _runner_pids(algo)
+            index = rng.choice(sorted(pids))
+            if fault == "between":  # the learner's update outlasts Ray's restart: RLlib never notices
+                time.sleep(rng.uniform(0.0, 0.5))
+                os.kill(pids[index], signal.SIGKILL)
+                killed.append((index, pids[index]))
+                _await_restart(_actor_of(algo, index), pids[index])
+                results.append(algo.train())
+                continue
+            victim = pids[index] if fault == "during" else rng.choice(_writer_pids(run_dir))
+            timer = threading.Timer(rng.uniform(0.05, 0.8), os.kill, (victim, signal.SIGKILL))
+            timer.start()  # fires while train() below samples (or its writer commits)
+            results.append(algo.train())
+            timer.join()
+            if fault == "during":
+                killed.append((index, victim))
+        for _ in range(8):  # until every runner RLlib lost is back and has sampled again
+            results.append(algo.train())
+            healthy = results[-1].get("fault_tolerance", {}).get("num_healthy_workers", 2) == 2
+            if healthy and set(_runner_pids(algo).values()).isdisjoint(pid for _, pid in killed):
+                break
+        results.append(algo.train())  # every runner samples once more after the last restart
+    finally:
+        algo.stop()
+
+    rllib_sampled = int(results[-1]["env_runners"].get("num_env_steps_sampled_lifetime")
+                        or results[-1]["num_env_steps_sampled"])  # the old stack's lifetime count
+    counts = check_run(run_dir, multi_agent=multi_agent)  # every row against the env's code: no gap, no duplicate
+    report = verify_report(run_dir)
+    assert report["problems"] == [] and report["notes"] == [], report
+    with open_run(run_dir) as run:
+        stored = run.num_env_steps
+        manifest = run.manifest
+        newest_sender_steps = {}
+        for f in run.files:
+            batches = f.batches()  # in commit order: the last row's sender is the newest incarnation
+            last = batches["sender_id"][-1]
+            newest_sender_steps[f.worker_index] = int(batches["env_steps"][batches["sender_id"] == last].sum())
+    print(f"\nfigure: chaos ({case}; {', '.join(faults)}): RLlib sampled {rllib_sampled}, stored {stored}, "
+          f"{sum(r['incarnations'] for r in manifest['runners'].values())} runner incarnations, RLlib saw "
+          f"{results[-1].get('fault_tolerance', {}).get('num_remote_worker_restarts')} restart(s)")
+    # RLlib's own count: every step it got back is stored (a runner killed after sample() ended stored more)
+    assert stored >= rllib_sampled and manifest["rllib_counts"]["env_steps_sampled"] <= stored
+    for index, _ in killed:  # the fault hit a runner that then kept sampling, into its file, under a new sender
+        assert counts["senders"][index, False] >= 2, (index, counts["senders"])
+        assert newest_sender_steps[index] > 0, (index, newest_sender_steps)
+    incarnations = {int(k.split("-")[-1]): v["incarnations"] for k, v in manifest["runners"].items()}
+    for index in {i for i, _ in killed}:
+        assert incarnations[index] >= 1 + sum(1 for i, _ in killed if i == index), manifest["runners"]
