@@ -35,6 +35,10 @@ class RecorderConfig:
         max_upload_backlog_bytes: Sealed segments a writer keeps while the target refuses them (retried
             with backoff); past it the writer stops taking chunks and ``backpressure`` applies (0: as soon
             as one segment waits).
+        stop_upload_timeout_s: How long stopping the algorithm waits for a durable target that refuses uploads
+            (the store down): past it, stop returns and what is left stays staged, with one line naming the
+            ``rllib-recorder recover STAGING --publish`` command that completes the run (also in the manifest's
+            ``publish_pending``). A request in flight may add the store client's own timeout.
         check_uploads: Read every uploaded segment back and compare its SHA-256 before the local copy goes
             (always: its size).
         run_name: Name of the run directory; default: ``<algo>-<env>-<time>-<id>``
@@ -95,6 +99,7 @@ class RecorderConfig:
     segment_bytes: int = 64 << 20
     segment_s: float = 120.0
     max_upload_backlog_bytes: int = 4 << 30
+    stop_upload_timeout_s: float = 30.0
     check_uploads: bool = True
     run_name: str | None = None
     num_writers: int = 1
@@ -137,6 +142,8 @@ class RecorderConfig:
             _fail("coalesce_s", self.coalesce_s, "use a number of seconds >= 0")
         if not self.drain_timeout_s > 0:
             _fail("drain_timeout_s", self.drain_timeout_s, "use a number of seconds > 0")
+        if not self.stop_upload_timeout_s >= 0:
+            _fail("stop_upload_timeout_s", self.stop_upload_timeout_s, "use a number of seconds >= 0")
         if not str(self.output_dir).strip() or "\0" in self.output_dir:
             _fail("output_dir", self.output_dir, "name a directory, e.g. 'recordings'")
         # Relative to where the user started the program, resolved now, in the process that makes the config:

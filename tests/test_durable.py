@@ -446,3 +446,50 @@ def test_a_tune_trial_retried_on_another_node_records_on_into_its_run_at_the_tar
         # the retry began again (no checkpoint): RLlib's count is its own; the first attempt's sealed steps add to it
         assert run.num_env_steps > result.metrics["env_runners"]["num_env_steps_sampled_lifetime"] > 0
     check_run(run_dir)
+
+
+def test_the_store_down_at_stop_ends_within_its_bound_in_one_line_and_recover_publish_completes_the_run(
+        ray_session, s3, tmp_path, caplog, monkeypatch):
+    """The store goes down before algo.stop(), with the store client's default retries: stop returns within
+    ``stop_upload_timeout_s`` (plus the client's own timeouts on a request in flight), says once which command
+    completes the run, and the manifest says so; once the store is back, that command completes it."""
+    import logging
+    import shlex
+    import time
+
+    from click.testing import CliRunner
+
+    from rllib_recorder.cli import main
+    from rllib_recorder.format.manifest import read_manifest
+
+    algo = _config(s3.uri("runs/exp"), tmp_path / "staging", "down-at-stop", segment_s=0.3,
+                   stop_upload_timeout_s=10.0).build_algo()
+    try:
+        algo.train()
+        s3.stop()
+        last = algo.train()
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="rllib_recorder"):
+            algo.stop()
+        took = time.monotonic() - started
+    finally:
+        if s3.proc is None:
+            s3.start()
+    staged = last["recorder"]["run_dir"]
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("rllib_recorder") and r.levelno >= logging.WARNING]
+    pending = read_manifest(staged)["publish_pending"]
+    assert took < 10.0 + 25.0, took  # the bound, and a request's own retries (~6 s against a server that is down)
+    assert len(said) == 1 and pending["command"] in said[0] and staged in said[0], said
+    assert pending["segments"] >= 1 and pending["staging_dir"] == staged
+    from tests.s3server import ACCESS_KEY, SECRET_KEY
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)  # the manifest names the target without credentials
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    result = CliRunner().invoke(main, shlex.split(pending["command"])[1:])
+    assert result.exit_code == 0 and "published:" in result.output, result.output
+    uri = s3.uri(f"runs/exp/{os.path.basename(staged)}")
+    with open_run(uri, cache_dir=str(tmp_path / "cache")) as run:
+        assert run.manifest["status"] == "finished" and "publish_pending" not in run.manifest
+        assert run.num_env_steps == _sampled(last)
+    check_run(uri)
+    assert not glob.glob(os.path.join(staged, ".segments", "*", "[0-9]*.h5"))  # all of it left the node

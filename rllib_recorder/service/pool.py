@@ -268,7 +268,7 @@ class SpoolWriter:
             stats = self.writer.close()
             if self.publisher is not None:  # everything sealed now; uploads get most of the time left
                 self.publisher.stop()
-                self.publisher.drain(0.75 * self.config.drain_timeout_s)
+                self.publisher.drain(min(0.75 * self.config.drain_timeout_s, self.config.stop_upload_timeout_s))
             return {**stats, **self._ingest_stats(), "spool_leftovers": leftovers}
 
     def _stats(self) -> dict[str, Any]:

@@ -70,8 +70,9 @@ class Publisher:
                 "upload_backlog_segments": len(pending), "upload_backlog_bytes": sum(_size(p) for p in pending),
                 "last_upload_error": self.last_error}
 
-    def publish_once(self) -> bool:
-        """Uploads every pending segment and rebuilds stale indexes; False at the first failure (counted)."""
+    def publish_once(self, log: bool = True) -> bool:
+        """Uploads every pending segment and rebuilds stale indexes; False at the first failure (counted; logged
+        at the first failure of an outage, where ``log``)."""
         try:
             for path in self.pending():
                 self._publish(path)
@@ -80,19 +81,20 @@ class Publisher:
         except Exception as e:  # noqa: BLE001 - the store's errors vary by file system; all are retried
             self.totals["errors"] += 1
             self.last_error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
-            if self.totals["errors"] == 1 or self._failures == 0:
+            if log and (self.totals["errors"] == 1 or self._failures == 0):
                 logger.warning("rllib_recorder: uploading to %s failed (%s); retrying with backoff, the segments "
                                "wait in %s", self.target.uri_of(""), self.last_error, self.run_dir)
             return False
         return True
 
     def drain(self, timeout_s: float) -> bool:
-        """Publishes everything pending, retrying until ``timeout_s``; True when nothing is left."""
+        """Publishes everything pending, retrying until ``timeout_s`` (at least one attempt); True when nothing is
+        left. Quiet: its caller reports what is left, once."""
         deadline = time.monotonic() + timeout_s
         wait = BACKOFF_S[0]
         while True:
             with self._publishing:
-                if self.publish_once():
+                if self.publish_once(log=False):
                     return True
             if time.monotonic() + wait > deadline:
                 return False
@@ -178,7 +180,5 @@ def publish_run(run_dir: str, target: Target, config: Any, timeout_s: float) -> 
             logger.warning("rllib_recorder: could not seal %s (%s: %s); it stays in %s", path, type(e).__name__, e,
                            run_dir)
     publisher = Publisher(run_dir, target, check=config.check_uploads, thread=False)
-    if not publisher.drain(timeout_s):
-        logger.error("rllib_recorder: %d segment(s) could not be uploaded to %s (%s); they stay in %s",
-                     len(publisher.pending()), target.uri_of(""), publisher.last_error, run_dir)
+    publisher.drain(timeout_s)  # what is left is in the stats: the caller names it, once
     return publisher.stats()

@@ -140,7 +140,12 @@ def _publish(run_dir: str, manifest: dict[str, Any]) -> dict[str, Any]:
     try:
         if stats["upload_backlog_segments"]:
             raise OSError(stats["last_upload_error"] or "uploads failed")
+        pending = manifest.pop("publish_pending", None)
         target.put_bytes(json_bytes(manifest), "manifest.json")
+        if pending is not None:  # the run's end that the store refused at stop is complete now
+            manifest["published_by_recover"] = {"at": now_iso(), "segments_uploaded": stats["segments_uploaded"]}
+            write_manifest(run_dir, manifest)
+            target.put_bytes(json_bytes(manifest), "manifest.json")
     except OSError as e:
         raise SchemaError(f"{run_dir} is recovered here, but uploading it to {manifest['target']} failed "
                           f"({(str(e).strip().splitlines() or [''])[0]}); its segments stay here: run recover again "

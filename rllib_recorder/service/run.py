@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import socket
 import time
 import uuid
 import weakref
@@ -205,6 +206,7 @@ class AlgorithmRecorder:
         if self.closed:
             return self.manifest.get("totals", {})
         self.closed = True
+        started = time.monotonic()
         lifecycle.unregister(self)
         ended_by = ended_by or ("Tune stopped the trial" if self.manifest.get("trial") else "algo.stop()")
         groups = self._groups(algorithm) if algorithm is not None else self._held_groups
@@ -226,8 +228,15 @@ class AlgorithmRecorder:
             here = {k.split("/")[0] for s in local for k in s.get("spool_leftovers") or {}}
             leftovers = {k: v for k, v in leftovers.items() if k.split("/")[0] not in here}
             leftovers.update({k: v for s in local for k, v in (s.get("spool_leftovers") or {}).items()})
+        published = None
         if self.target is not None:  # what this node's staging still holds (left spools committed here)
-            writer_stats.append(publish_run(self.run_dir, self.target, self.config, self.config.drain_timeout_s))
+            # the store refused the writers' last attempts: one more attempt, not another full wait
+            down = any(st.get("upload_backlog_segments") and st.get("last_upload_error") for st in writer_stats)
+            left = 0.0 if down else max(0.0, self.config.stop_upload_timeout_s - (time.monotonic() - started))
+            published = publish_run(self.run_dir, self.target, self.config, left)
+            here = socket.gethostname()  # this node's backlog is counted anew by publish_run
+            writer_stats = [{k: v for k, v in st.items() if st.get("node") != here or not k.startswith(
+                "upload_backlog")} for st in writer_stats] + [published]
         totals = self.metrics(writer_stats)
         totals["unacked_at_stop"] = len(leftovers)  # senders whose handed-over samples could not be committed
         totals["spool_leftovers"] = leftovers
@@ -247,7 +256,12 @@ class AlgorithmRecorder:
             runners=self.watch.as_dict(),
             nodes=sorted({s.get("node") for s in writer_stats if s.get("node")}),
         )
-        self._write_manifest()
+        if published is not None and published.get("upload_backlog_segments"):
+            self._publish_pending(published)
+        else:
+            self._write_manifest()
+            if self.target is not None and self.errors["manifest_upload_at_stop"]:
+                self._publish_pending(published or {})
         self._update_index()
         if leftovers:
             logger.error("rllib_recorder: samples of %d env runner(s) stay in the spool, not committed (%s); "
@@ -282,7 +296,28 @@ class AlgorithmRecorder:
             self.target.put_bytes(json_bytes(self.manifest), "manifest.json")
         except Exception as e:  # noqa: BLE001 - the store's errors vary; the local manifest stays the truth
             self.errors["manifest_upload"] += 1
+            if self.closed:  # the end of the run: named once, with what completes it (``_publish_pending``)
+                self.errors["manifest_upload_at_stop"] += 1
+                self._upload_error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+                return
             logger.warning("rllib_recorder: writing the manifest to %s failed: %s", self.target.uri_of(""), e)
+
+    def _publish_pending(self, published: dict[str, Any]) -> None:
+        """The store refused the end of a durable run: the staging directory keeps it, the local manifest says
+        so (``publish_pending``), and one line names the command that completes the run once the store is back."""
+        import shlex
+
+        command = f"rllib-recorder recover {shlex.quote(self.run_dir)} --publish"
+        error = published.get("last_upload_error") or getattr(self, "_upload_error", None) or "uploads failed"
+        self.manifest["publish_pending"] = {
+            "segments": int(published.get("upload_backlog_segments") or 0),
+            "bytes": int(published.get("upload_backlog_bytes") or 0), "staging_dir": self.run_dir,
+            "node_id": current_node_id() if ray.is_initialized() else None, "error": error, "command": command,
+            "waited_s": self.config.stop_upload_timeout_s}
+        write_manifest(self.run_dir, self.manifest)  # here only: the target is what refused
+        logger.error("rllib_recorder: %s refused the end of the run (%s); %d segment(s) and the manifest stay "
+                     "staged in %s: once the store is back, run '%s'", self.target.uri_of(""), error,
+                     self.manifest["publish_pending"]["segments"], self.run_dir, command)
 
     def close_unstopped(self, ended_by: str, interrupted: bool) -> dict[str, Any]:
         """Closes a recording whose algorithm was never stopped (``lifecycle``: exit, signal, ray.shutdown)."""
