@@ -126,3 +126,40 @@ def test_env_runners_and_writers_killed_at_random_moments_with_rllib_defaults_lo
     incarnations = {int(k.split("-")[-1]): v["incarnations"] for k, v in manifest["runners"].items()}
     for index in {i for i, _ in killed}:
         assert incarnations[index] >= 1 + sum(1 for i, _ in killed if i == index), manifest["runners"]
+
+
+class _RunnerTwoNotRecorded(RecorderCallback):
+    """A recorder that never runs in env runner 2 (as a runner whose process never recorded)."""
+
+    def on_sample_end(self, *, env_runner=None, **kwargs):
+        if getattr(env_runner, "worker_index", None) != 2:
+            super().on_sample_end(env_runner=env_runner, **kwargs)
+
+
+@pytest.mark.slow
+def test_a_runner_whose_recorder_never_ran_is_an_unexplained_gap_verify_exits_1(ray_session, tmp_path):
+    """The gap is made for real: runner 2 samples, RLlib trains on it, its recorder never sees it. Only RLlib's own
+    count can tell; verify, info and train's summary must."""
+    from click.testing import CliRunner
+
+    from rllib_recorder.cli import main
+    from rllib_recorder.commands.progress import run_summary
+
+    callback = type("Partial", (_RunnerTwoNotRecorded,),
+                    {"recorder_config": RecorderCallback.configured(output_dir=str(tmp_path)).recorder_config})
+    algo = ppo(runners=2).callbacks(callback).build_algo()
+    results = [algo.train() for _ in range(2)]
+    algo.stop()
+    run_dir = results[-1]["recorder"]["run_dir"]
+    rllib_sampled = int(results[-1]["env_runners"]["num_env_steps_sampled_lifetime"])
+    with open_run(run_dir) as run:
+        stored = run.num_env_steps
+    assert 0 < stored < rllib_sampled
+    result = CliRunner().invoke(main, ["verify", run_dir])
+    assert result.exit_code == 1, result.output
+    gap = f"unexplained gap: {rllib_sampled - stored} env steps RLlib sampled are neither stored nor counted"
+    assert gap in result.output and "worker-002: 0 of its 1 incarnation(s) reached a writer" in result.output
+    assert f"{stored} of {rllib_sampled} sampled env steps stored, by RLlib's count" in result.output
+    result = CliRunner().invoke(main, ["info", run_dir])
+    assert result.exit_code == 0 and "unexplained gap" in result.output, result.output
+    assert any("NOT sound: unexplained gap" in line for line in run_summary(run_dir)), run_summary(run_dir)

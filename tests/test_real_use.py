@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -131,41 +130,6 @@ def test_a_sigkilled_driver_loses_nothing_its_runners_handed_over_once_recovered
     figure("driver SIGKILL + recover", progress[-1]["sampled"], stored,
            f", of them {recovery.get('spool_env_steps_committed', 0)} committed from the spool by recover")
     assert stored >= progress[-1]["sampled"]
-
-
-@pytest.mark.slow
-def test_env_runners_sigkilled_while_sampling_lose_nothing_sample_returned(ray_session, tmp_path):
-    """Default settings (coalescing on); a runner killed at a random moment of each of three iterations."""
-    config = ppo(runners=2).fault_tolerance(restart_failed_env_runners=True)
-    algo = config.callbacks(RecorderCallback.configured(output_dir=str(tmp_path))).build_algo()
-    rng = random.Random()
-    results, killed = [algo.train()], []
-    for _ in range(3):
-        pids = dict(algo.env_runner_group.foreach_env_runner(lambda r: (r.worker_index, os.getpid()),
-                                                             local_env_runner=False))
-        victim = pids[rng.choice(sorted(pids))]
-        timer = threading.Timer(rng.uniform(0.05, 0.6), lambda pid=victim: (os.kill(pid, signal.SIGKILL),
-                                                                              killed.append(pid)))
-        timer.start()  # fires while train() below samples
-        results.append(algo.train())
-        timer.join()
-        for _ in range(6):  # until RLlib has restarted it
-            if results[-1]["env_runners"].get("num_healthy_workers", 2) == 2 and \
-                    results[-1]["fault_tolerance"]["num_healthy_workers"] == 2:
-                break
-            results.append(algo.train())
-    run_dir = results[-1]["recorder"]["run_dir"]
-    algo.stop()
-    assert len(killed) == 3 and results[-1]["fault_tolerance"]["num_remote_worker_restarts"] >= 1
-    report = verify_report(run_dir)
-    assert report["problems"] == [] and report["notes"] == [], report
-    found = ALL_STORED.search(report["summary"])
-    assert found, report
-    # at least every step RLlib got back (a runner killed after its sample() ended may have stored more)
-    figure("3 env runners SIGKILLed", results[-1]["env_runners"]["num_env_steps_sampled_lifetime"],
-           int(found.group(1)), f", {len(read_manifest(run_dir)['totals']['senders'])} runner incarnations")
-    assert int(found.group(1)) >= results[-1]["env_runners"]["num_env_steps_sampled_lifetime"]
-    assert len(read_manifest(run_dir)["totals"]["senders"]) >= 2 + 1  # the killed incarnations are accounted
 
 
 @pytest.mark.slow

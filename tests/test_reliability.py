@@ -62,30 +62,6 @@ def test_killed_writer_is_restarted_and_loses_nothing(ray_session, tmp_path):
     assert verify_run(run_dir) == []
 
 
-@pytest.mark.slow
-def test_killed_env_runner_is_restarted_and_its_rows_continue_in_its_file(ray_session, tmp_path):
-    config = ppo(runners=2).fault_tolerance(restart_failed_env_runners=True)
-    algo = _build(config, tmp_path, coalesce_rows=0)
-    results = [algo.train()]
-    run_dir = results[0]["recorder"]["run_dir"]
-    pids = dict(algo.env_runner_group.foreach_env_runner(lambda r: (r.worker_index, os.getpid()),
-                                                         local_env_runner=False))
-    os.kill(pids[1], signal.SIGKILL)
-    for _ in range(4):
-        results.append(algo.train())
-        if results[-1]["recorder"]["runner_restarts_seen"]:
-            break
-    results.append(algo.train())
-    algo.stop()
-    assert results[-1]["fault_tolerance"]["num_remote_worker_restarts"] >= 1
-    assert results[-1]["recorder"]["runner_restarts_seen"] >= 1
-    counts = check_run(run_dir)  # per sender: episodes 0.. contiguous, every row exact
-    assert counts["senders"][1, False] == 2 and counts["senders"][2, False] == 1
-    assert verify_run(run_dir) == []
-    with open_run(run_dir) as run:
-        assert run.manifest["totals"]["runner_restarts_seen"] >= 1
-
-
 def _session_pids(sid: int) -> list[int]:
     pids = []
     for name in os.listdir("/proc"):
