@@ -169,6 +169,14 @@ def test_sample_batch_splits_fragments_by_episode_and_keeps_extras():
     assert json.loads(frag["infos"][1]) == [None, {"i": 3}, {"i": 4}]
 
 
+def test_an_old_stack_evaluation_batch_without_actions_is_stored_without_them():
+    # RLlib 2.60's old-stack evaluation runners (explore=False) return batches with no "actions" column
+    batch = _sample_batch([4, 4], [0, 1])
+    del batch["actions"]
+    stream = batch_to_chunk(MultiAgentBatch({"default_policy": batch}, 2)).streams["default_agent"]
+    assert "actions" not in stream.steps and stream.steps["rewards"].tolist() == [1.0, 1.0]
+
+
 def test_multi_agent_batch_one_stream_per_policy():
     batch = MultiAgentBatch({"p0": _sample_batch([1, 1], [0, 1]), "p1": _sample_batch([1], [0], agent_index=1)}, 2)
     chunk = batch_to_chunk(batch)

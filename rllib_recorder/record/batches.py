@@ -49,7 +49,8 @@ def _sample_batch_stream(batch: Any, policy_id: str, options: ConvertOptions, ve
     n = len(batch["rewards"])
     containers: dict[str, str] = {}
     steps = flatten_value("obs", batch["obs"], containers)
-    steps.update(flatten_value("actions", batch["actions"], containers))
+    if "actions" in batch:  # the old stack's evaluation batches (explore=False) come without them
+        steps.update(flatten_value("actions", batch["actions"], containers))
     steps["rewards"] = np.asarray(batch["rewards"])
     steps["terminateds"] = np.asarray(batch["terminateds"], dtype=bool)
     steps["truncateds"] = np.asarray(batch["truncateds"], dtype=bool)
