@@ -11,15 +11,12 @@ fragment, and a look-up in the whole index per episode).
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from rllib_recorder.format.lag import step_lags
-from rllib_recorder.read.records import Episode
-
-if TYPE_CHECKING:
-    from rllib_recorder.read.worker_file import WorkerFile
+from rllib_recorder.read.records import Episode, FileOfSteps
 
 # A block is read at once: at most this many rows, and at most about BLOCK_BYTES of decoded step columns.
 BLOCK_ROWS = 65_536
@@ -31,7 +28,7 @@ class Fragments:
     """The rows of an agent's fragments, read in blocks of consecutive fragments and handed out one fragment at a
     time (``take(i)`` forgets what it hands out). ``only`` reads just those fragments (random access)."""
 
-    def __init__(self, f: "WorkerFile", agent: str, frags: dict[str, np.ndarray], row_bytes: int,
+    def __init__(self, f: FileOfSteps, agent: str, frags: dict[str, np.ndarray], row_bytes: int,
                  only: Sequence[int] | None = None, decode: bool = True) -> None:
         from rllib_recorder.read.worker_file import read_node
 
@@ -78,7 +75,7 @@ class Fragments:
             self._held[k] = held
 
 
-def assemble(f: "WorkerFile", eps_id: str, agent: str, frags: dict[str, np.ndarray], where: Sequence[int],
+def assemble(f: FileOfSteps, eps_id: str, agent: str, frags: dict[str, np.ndarray], where: Sequence[int],
              parts: Sequence[dict[str, Any]], learner: np.ndarray | None) -> Episode:
     """An episode from its fragments' rows ``parts`` (in ``t_start`` order, fragment rows ``where``)."""
     cat = lambda name: concat_values([p[name] for p in parts])  # noqa: E731
@@ -117,7 +114,7 @@ def assemble(f: "WorkerFile", eps_id: str, agent: str, frags: dict[str, np.ndarr
     )
 
 
-def iter_episodes(f: "WorkerFile", agent: str, frags: dict[str, np.ndarray], row_bytes: int,
+def iter_episodes(f: FileOfSteps, agent: str, frags: dict[str, np.ndarray], row_bytes: int,
                   learner: np.ndarray | None, decode: bool = True) -> Iterator[Episode]:
     """Every episode of ``agent`` in ``f``, streamed (module docstring), in the order its first fragment was stored."""
     n = len(frags["eps_id"])

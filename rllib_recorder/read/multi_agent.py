@@ -10,18 +10,15 @@ with the agent's next observation, where RLlib put them).
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from rllib_recorder.errors import ConversionError
-from rllib_recorder.read.records import Episode, unbatch
-
-if TYPE_CHECKING:
-    from rllib_recorder.read.worker_file import WorkerFile
+from rllib_recorder.read.records import Episode, FileOfSteps, unbatch
 
 
-def iter_multi_agent_episodes(f: "WorkerFile") -> Iterator[Any]:
+def iter_multi_agent_episodes(f: FileOfSteps) -> Iterator[Any]:
     """Every episode of a file as RLlib's ``MultiAgentEpisode``, as soon as all its agents' episodes are read: each
     agent's episodes stream (``WorkerFile.iter_episodes``) side by side, one at a time from each, so memory holds
     the agents' blocks and the episodes some agent has not finished yet."""

@@ -11,6 +11,11 @@ import numpy as np
 from rllib_recorder.errors import ConversionError
 
 
+# What episode assembly reads of one worker file: a ``read.worker_file.WorkerFile`` (named here, not imported, so
+# that the assembly modules and the file module do not import each other).
+FileOfSteps = Any
+
+
 @dataclass(frozen=True)
 class Episode:
     """One agent's episode, stitched from its fragments; arrays are numpy.

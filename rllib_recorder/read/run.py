@@ -100,7 +100,7 @@ class Run:
         them, each opening the run itself."""
         from rllib_recorder.read.torch_data import RecordedBatches  # imports torch: only when asked
 
-        return RecordedBatches(self.path, batch_size, **options)
+        return RecordedBatches(self.path, batch_size, opener=open_run, **options)
 
     def follow(self, *, episodes: bool = False, poll_s: float = 0.5, timeout_s: float | None = None,
                evaluation: bool | None = False) -> Iterator[Batch | Episode]:

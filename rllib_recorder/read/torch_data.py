@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
@@ -15,18 +15,17 @@ class RecordedBatches(IterableDataset):
     ``DataLoader(dataset, batch_size=None, num_workers=N)`` worker i reads every N-th block from the i-th.
     """
 
-    def __init__(self, path: str, batch_size: int = 1024, **options: Any) -> None:
+    def __init__(self, path: str, batch_size: int = 1024, *, opener: Callable[[str], Any], **options: Any) -> None:
         super().__init__()
         if "shard" in options:
             raise TypeError("RecordedBatches shards by data loader worker itself; leave out shard=")
-        self.path, self.batch_size, self.options = path, batch_size, options
+        # opener: ``read.run.open_run``, passed in (a module-level function pickles by name) rather than imported
+        self.path, self.batch_size, self.options, self.opener = path, batch_size, options, opener
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        from rllib_recorder.read.run import open_run
-
         worker = get_worker_info()
         shard = (worker.id, worker.num_workers) if worker is not None and worker.num_workers > 1 else None
-        with open_run(self.path) as run:
+        with self.opener(self.path) as run:
             for batch in run.iter_batches(self.batch_size, shard=shard, **self.options):
                 yield {k: torch.from_numpy(v) if v.dtype.kind in "biuf" else v for k, v in batch.items()}
 
