@@ -9,6 +9,14 @@ class ConfigError(RecorderError, ValueError):
     """A recorder setting is invalid; the message names the field, the value and the fix."""
 
 
+class ConfigProblems(ConfigError):
+    """Several problems in one file, each one line with its fix (``problems``), listed at once."""
+
+    def __init__(self, headline: str, problems: list[str]) -> None:
+        super().__init__(f"{headline}:\n" + "\n".join(f"  - {p}" for p in problems))
+        self.headline, self.problems = headline, problems
+
+
 class OutputDirError(RecorderError, OSError):
     """The output directory cannot be used (unwritable, or it holds another run)."""
 

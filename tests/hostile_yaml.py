@@ -271,13 +271,17 @@ class Harness:
 
     def examine(self, data: bytes) -> tuple[str, str]:
         """('accepted' | 'error' | 'violation', detail) for one document."""
-        from rllib_recorder.errors import ConfigError
+        from rllib_recorder.errors import ConfigError, ConfigProblems
 
         with open(self.path, "wb") as f:
             f.write(data)
         outcome, detail = "accepted", ""
         try:
             self.check(self.load(self.path))
+        except ConfigProblems as e:  # several problems: each one line, listed under one headline
+            lines = [e.headline, *e.problems]
+            outcome, detail = ("error", str(e)) if len(e.problems) > 1 and all(
+                len(x.splitlines()) == 1 for x in lines) else ("violation", f"ConfigProblems not one line each: {e!r}")
         except ConfigError as e:
             message = str(e)
             outcome, detail = ("error", message) if len(message.splitlines()) == 1 \

@@ -52,7 +52,7 @@ BAD = {
     "unknown_rllib_setting": (GOOD + "  config: {num_env_runner: 1}\n",
                               "'config: num_env_runner:' is not an RLlib setting of PPO "
                               "(did you mean 'num_env_runners'?)"),
-    "old_rllib_setting": (GOOD + "  config: {num_rollout_workers: 1}\n", "is an old RLlib setting"),
+    "old_rllib_setting": (GOOD + "  config: {num_rollout_workers: 1}\n", "is RLlib's old name of 'num_env_runners', which RLlib 2.60 refuses; rename it 'num_env_runners'"),
     "unknown_evaluation_setting": (GOOD + "  config: {evaluation_intervall: 1}\n",
                                    "(did you mean 'evaluation_interval'?)"),
     "number_as_yaml_text": (GOOD + "  config: {lr: 1e-3}\n", "YAML reads 1e-3 as text: write 0.001"),

@@ -79,6 +79,7 @@ def _gym_id(spec: ExperimentSpec, env: str, gym_id: str | None = None) -> str:
 
     gym_id = gym_id or env
     if gym_id in gym.registry:
+        _check_env_package(spec, env, gym.registry[gym_id].entry_point)
         if "." not in env:
             return env
         # RLlib takes a string with a '.' for a class path: hand it a registered name instead.
@@ -95,6 +96,27 @@ def _gym_id(spec: ExperimentSpec, env: str, gym_id: str | None = None) -> str:
     raise ConfigError(f"{spec.where}: unknown env 'env: {shown_key(env)}'{hint}; give a registered gymnasium id "
                       "(e.g. CartPole-v1), 'module:Class' with the module in 'register:', or list the module that "
                       "registers it in 'register:'")
+
+
+# gymnasium's env families that need a package of their own, and how to install it.
+ENV_PACKAGES = {
+    "gymnasium.envs.mujoco": ("mujoco", "pip install 'gymnasium[mujoco]'"),
+    "gymnasium.envs.box2d": ("Box2D", "pip install 'gymnasium[box2d]' (it builds with swig)"),
+}
+
+
+def _check_env_package(spec: ExperimentSpec, env: str, entry_point: Any) -> None:
+    """A registered gymnasium id whose env needs a package that is not installed (MuJoCo, Box2D): one line."""
+    import importlib.util
+
+    if callable(entry_point):  # gymnasium's stand-in for ids whose env it dropped (the mujoco-py -v2/-v3 ones)
+        raise ConfigError(f"{spec.where}: 'env: {shown_key(env)}' needs mujoco-py, which gymnasium no longer runs; "
+                          "use the -v5 id of the same env (e.g. HalfCheetah-v5) with pip install 'gymnasium[mujoco]'")
+    module = str(entry_point).split(":", 1)[0]
+    for family, (package, install) in ENV_PACKAGES.items():
+        if module.startswith(family) and importlib.util.find_spec(package) is None:
+            raise ConfigError(f"{spec.where}: 'env: {shown_key(env)}' needs the {package} package, which is not "
+                              f"installed; {install}")
 
 
 def _register_class(env: str, name: str, env_class: type) -> str:

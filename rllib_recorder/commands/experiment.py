@@ -45,6 +45,7 @@ class ExperimentSpec:
     register: list[str] = field(default_factory=list)
     atari_wrappers: dict[str, Any] | None = None
     path: str = ""
+    notes: list[str] = field(default_factory=list)  # what was translated or looks wrong, shown at start
 
     @property
     def where(self) -> str:
@@ -108,13 +109,7 @@ def load_experiment(path: str, *, stop_iters: int | None = None, stop_timesteps:
         stop["training_iteration"] = stop_iters
     if stop_timesteps is not None:
         stop["num_env_steps_sampled_lifetime"] = stop_timesteps
-    for key, value in stop.items():
-        if not isinstance(key, str) or not key.strip():
-            raise ConfigError(f"{at}: 'stop:' key {SHOW.repr(key)} is not a result name; e.g. "
-                              "'stop: {training_iteration: 5}'")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
-            raise ConfigError(f"{at}: 'stop: {shown_key(key)}:' must be a number >= 0 (train until the result reaches it), "
-                              f"e.g. '{shown_key(key)}: 5'; it is {describe_value(value)}")
+    stop, notes = _stop_conditions(stop, at)
     recorder = dict(as_mapping(body.get("recorder"), f"{at}: 'recorder:'",
                              "the recorder's settings, e.g. 'recorder: {output_dir: recordings}'"))
     if output_dir is not None:
@@ -132,7 +127,50 @@ def load_experiment(path: str, *, stop_iters: int | None = None, stop_timesteps:
     if atari is not None and env is None:
         raise ConfigError(f"{at}: 'atari_wrappers:' needs an 'env:', an ALE id such as 'ale_py:ALE/Breakout-v5'")
     return ExperimentSpec(name=name, run=run, env=env, stop=stop, config=dict(config), recorder=recorder_config,
-                          register=register, atari_wrappers=atari, path=str(path))
+                          register=register, atari_wrappers=atari, path=str(path), notes=notes)
+
+
+def _nearest(key: str, names: Any) -> list[str]:
+    """Up to three result names like ``key``: by the whole name, else by its last part."""
+    import difflib
+
+    names = sorted(names)
+    close = difflib.get_close_matches(key, names, n=3, cutoff=0.6)
+    if not close:
+        by_last = {}
+        for n in names:
+            by_last.setdefault(n.rsplit("/", 1)[-1], n)
+        close = [by_last[k] for k in difflib.get_close_matches(key.rsplit("/", 1)[-1], list(by_last), n=3, cutoff=0.6)]
+    return close
+
+
+def _stop_conditions(stop: dict[str, Any], at: str) -> tuple[dict[str, Any], list[str]]:
+    """``stop:`` as Tune takes it (train until the result reaches each value; any number, negative included), old
+    result names mapped to RLlib 2.60's with a note, and a note for a name no RLlib result holds (a callback may add
+    it, so it is not refused)."""
+    from rllib_recorder.commands.result_names import OLD_RESULT_NAMES, RESULT_NAMES
+
+    out: dict[str, Any] = {}
+    notes: list[str] = []
+    for key, value in stop.items():
+        if not isinstance(key, str) or not key.strip():
+            raise ConfigError(f"{at}: 'stop:' key {SHOW.repr(key)} is not a result name; e.g. "
+                              "'stop: {training_iteration: 5}'")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            raise ConfigError(f"{at}: 'stop: {shown_key(key)}:' must be a number (train until the result reaches it), "
+                              f"e.g. '{shown_key(key)}: 5'; it is {describe_value(value)}")
+        name = key
+        if key in OLD_RESULT_NAMES:
+            name = OLD_RESULT_NAMES[key]
+            notes.append(f"{at}: 'stop: {key}:' is the result name of RLlib before 2.x, which RLlib 2.60 results do "
+                         f"not hold; stopping on '{name}' instead (write that name to silence this)")
+        elif name not in RESULT_NAMES and not name.startswith("recorder/"):
+            near = _nearest(key, RESULT_NAMES)
+            notes.append(f"{at}: 'stop: {shown_key(key)}:' is not a name RLlib 2.60's results hold"
+                         + (f" (nearest: {', '.join(near)})" if near else "")
+                         + "; it only stops the run if a callback of yours adds it")
+        out[name] = value
+    return out, notes
 
 
 def _read_yaml(path: str) -> Any:
