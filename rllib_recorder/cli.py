@@ -42,7 +42,7 @@ def train(experiment: str, stop_iters: int | None, stop_timesteps: int | None, o
     \b
     Example (the run goes to recordings/<experiment>/<trial dir>; Tune's own files to recordings/_tune):
       rllib-recorder train configs/cartpole-ppo.yaml --stop-iters 2
-      rllib-recorder train cartpole-ppo-grid-search-example.yaml --check
+      rllib-recorder train configs/cartpole-ppo.yaml --check
     """
     import time
 
@@ -169,6 +169,51 @@ def verify(run_dir: str) -> None:
     if report["problems"]:
         sys.exit(1)
     click.echo(f"ok: {public_uri(shown)} is sound" + (" (with the losses counted above)" if report["notes"] else ""))
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path())
+@click.option("-o", "--output", required=True, help="The file to write: NAME.gif (Pillow) or NAME.mp4 (PyAV, "
+              "pip install 'rllib-recorder[video]').")
+@click.option("--episode", "eps_id", default=None, help="The episode id to draw (default: the first finished one).")
+@click.option("--best", is_flag=True, help="Draw the finished episode with the highest return.")
+@click.option("--worst", is_flag=True, help="Draw the finished episode with the lowest return.")
+@click.option("--env", default=None, help="Env to re-simulate a non-image run in (as for replay --check; default: "
+              "the env in manifest.json).")
+@click.option("--scale", type=int, default=None, help="Whole-pixel scale of each picture (default: 3 for stored "
+              "frames, 1 for an env's own render).")
+@click.option("--fps", type=int, default=15, show_default=True, help="Pictures per second.")
+def render(run_dir: str, output: str, eps_id: str | None, best: bool, worst: bool, env: str | None,
+           scale: int | None, fps: int) -> None:
+    """Draw one episode of RUN_DIR as a GIF or MP4 you can watch, each picture captioned with the episode, step,
+    reward so far and policy version.
+
+    Image observations (Atari) are drawn from the stored frames themselves; other envs are re-simulated from the
+    episode's start state with its stored actions and drawn by the env's rgb_array render (the env found as for
+    replay --check: nothing a recording names is imported or run).
+
+    \b
+    Example:
+      rllib-recorder render recordings/<run> --best -o best.gif
+    """
+    if sum((eps_id is not None, best, worst)) > 1:
+        click.echo("error: give one of --episode, --best and --worst", err=True)
+        sys.exit(2)
+    if scale is not None and not 1 <= scale <= 16 or not 1 <= fps <= 120:
+        click.echo("error: --scale takes 1 to 16 and --fps 1 to 120", err=True)
+        sys.exit(2)
+    from rllib_recorder.commands.render import render_episode
+    from rllib_recorder.read.run import open_run
+
+    run_dir = _local(run_dir)
+
+    def draw() -> dict:
+        with open_run(run_dir) as run:
+            return render_episode(run, output, eps_id=eps_id, best=best, worst=worst, env=env, scale=scale, fps=fps)
+
+    done = _guard(draw)
+    click.echo(f"wrote {done['output']}: episode {done['eps_id']} of env runner {done['worker_index']}, "
+               f"{done['frames']} frames ({done['source']}), return {done['return']:g}")
 
 
 @main.command()
