@@ -33,9 +33,18 @@ CASES = {
 }
 
 
-def _runner_pids(algo) -> dict[int, int]:
-    return dict(algo.env_runner_group.foreach_env_runner(lambda r: (r.worker_index, os.getpid()),
-                                                         local_env_runner=False))
+def _runner_pids(algo, timeout: float = 60.0) -> dict[int, int]:
+    """Each remote env runner's pid, from Ray's actor table (RLlib's own call skips runners it has taken out of
+    service, which may be all of them just after a kill), once every runner is alive."""
+    from ray._private import state
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        infos = {i: state.actors(a._actor_id.hex()) for i, a in algo.env_runner_group._worker_manager.actors().items()}
+        if all(info.get("State") == "ALIVE" and info.get("Pid") for info in infos.values()):
+            return {i: int(info["Pid"]) for i, info in infos.items()}
+        time.sleep(0.2)
+    raise AssertionError(f"env runners not alive within {timeout} s: {infos}")
 
 
 def _actor_of(algo, index: int):

@@ -140,7 +140,11 @@ def test_every_help_example_runs_as_written(workspace, recorded_breakout, tmp_pa
         proc = run(substitute(example, run_here, str(tmp_path / f"gathered-{i}")), folder)
         if "--to mypkg.sink:consume" in example:
             assert proc.stdout.startswith("Episode "), proc.stdout[:500]
-        if "--check" in example:
+        if example.startswith("rllib-recorder replay") and "--check" in example:
             assert "all match" in proc.stdout, proc.stdout
+        if example.startswith("rllib-recorder train") and "--check" in example:
+            assert proc.stdout.startswith("ok: configs/cartpole-ppo.yaml"), proc.stdout
+        if example.startswith("rllib-recorder render"):
+            assert os.path.getsize(os.path.join(folder, example.split("-o ")[1].split()[0])) > 0, proc.stdout
         if example.split()[1] in ("verify", "recover", "replay", "export", "gather", "info"):
             assert proc.stderr == "", (example, proc.stderr)  # in a pipe: no progress bar, nothing extra
