@@ -129,6 +129,15 @@ def env_factory(run: Run, env: str | None = None) -> tuple[str, Callable[[], Any
     return name, lambda: _gym_make(name, env_config)
 
 
+def env_factory_rendering(run: Run, env: str | None = None) -> tuple[str, Callable[[], Any]]:
+    """``env_factory``, for an env that draws itself: a gymnasium id is made with ``render_mode='rgb_array'``."""
+    name, make = env_factory(run, env)
+    if ATARI_NAME.match(name) or (":" in name and name.partition(":")[2].isidentifier()):
+        return name, make  # the Atari wrappers, or the user's own function: as they make it
+    env_config = {**dict(run.manifest.get("env_config") or {}), "render_mode": "rgb_array"}
+    return name, lambda: _gym_make(name, env_config)
+
+
 def recorded_gym_id(run: Run, gym_id: str, name: str) -> None:
     """ReplayError unless ``gym_id`` (from the run's manifest) is a gymnasium id registered here, after importing
     at most one of ``ENV_MODULES``."""
