@@ -30,8 +30,12 @@ def main() -> None:
 @click.option("--check", is_flag=True, help="Only check the file: list every problem with its fix (exit 2), or "
               "say it would run (exit 0). Starts no Ray, writes nothing.")
 @click.option("--num-env-runners", type=int, default=None, help="Override config: num_env_runners.")
+@click.option("--rename-old-keys", is_flag=True, help="Take RLlib's old setting names (num_envs_per_worker, "
+              "sgd_minibatch_size, ...) as their new ones, also where RLlib 2.60 itself would refuse or ignore "
+              "them: a published experiment runs as written, each rename noted.")
 def train(experiment: str, stop_iters: int | None, stop_timesteps: int | None, output_dir: str | None,
-          num_cpus: int | None, verbose: bool, check: bool, num_env_runners: int | None) -> None:
+          num_cpus: int | None, verbose: bool, check: bool, num_env_runners: int | None,
+          rename_old_keys: bool) -> None:
     """Train a Tune-style YAML EXPERIMENT with recording: a live table of its trials while it trains, then
     where each run was stored, what it holds and whether it verifies.
 
@@ -56,6 +60,7 @@ def train(experiment: str, stop_iters: int | None, stop_timesteps: int | None, o
     try:
         spec = load_experiment(experiment, stop_iters=stop_iters, stop_timesteps=stop_timesteps,
                                output_dir=output_dir)
+        spec.rename_old_keys = rename_old_keys
         if num_env_runners is not None:
             spec.config.pop("num_workers", None)
             spec.config["num_env_runners"] = num_env_runners

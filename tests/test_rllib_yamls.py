@@ -1,9 +1,14 @@
 """Tune-style YAMLs as RLlib's tuned examples are written (old key names, grid searches, old result names in
 ``stop:``, negative thresholds): every problem listed at once with its fix, RLlib's renames translated with a note,
 clear one-line limits, and a grid search that trains and records. The files are written here in the shape of Ray's
-published ones (``rllib/tuned_examples/``), not copied from them."""
+published ones (``rllib/tuned_examples/``), not copied from them: the corpus ``tests/data/rllib_tuned_example_shapes``
+(its README says why) is checked whole, and a handful trains."""
 
 from __future__ import annotations
+
+import glob
+import os
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -32,22 +37,40 @@ pendulum-ppo:
             fcnet_activation: relu
 """
 
-GRID = """\
-cartpole-ppo:
-    env: CartPole-v1
-    run: PPO
-    stop:
-        env_runners/episode_return_mean: 200
-        time_total_s: 180
-    config:
-        framework: torch
-        num_env_runners: 2
-        num_sgd_iter:
-            grid_search: [1, 2]
-        minibatch_size: 64
-        train_batch_size: 128
-        rollout_fragment_length: 64
-"""
+CORPUS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "rllib_tuned_example_shapes")
+CORPUS = sorted(glob.glob(os.path.join(CORPUS_DIR, "**", "*.yaml"), recursive=True))
+
+# Why a file of the corpus is refused, by the wording of its problems (a file may have several).
+REASONS = {
+    "an algorithm RLlib 2.60 no longer has": r"is an algorithm RLlib 2\.60 no longer has",
+    "an old key RLlib 2.60 refuses or ignores": r"is RLlib's old name of .*, which RLlib 2\.60 (refuses|ignores)",
+    "a key RLlib 2.60 does not have": r"is not an RLlib (evaluation )?setting of",
+    "RLlib's own validation refuses the config": r"RLlib refuses 'config:'",
+    "framework: tf/tf2 (TensorFlow)": r"needs TensorFlow",
+    "an env that needs MuJoCo (mujoco-py ids)": r"needs mujoco-py|needs the mujoco package",
+    "an env or class RLlib 2.60 no longer ships, or unknown": r"unknown env|cannot be imported|is not an env class",
+}
+
+
+def corpus_outcome(result) -> tuple[bool, list[str]]:
+    """(passes, the reasons it is refused) of ``train FILE --check``; asserts the promise of the check: exit 0 with
+    'ok:', or exit 2 with every problem on a line of its own that says what to do, never a traceback."""
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.stdout + result.stderr, result.stderr
+    if result.exit_code == 0:
+        assert result.stdout.startswith("ok: "), result.stdout
+        return True, []
+    assert result.exit_code == 2 and not result.stdout, (result.exit_code, result.stdout, result.stderr)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, result.stderr
+    listed = [line[4:] for line in result.stderr.splitlines() if line.startswith("  - ")]
+    problems = listed or [errors[0]]
+    assert not listed or errors[0].endswith(f"{len(listed)} problems:"), result.stderr
+    for problem in problems:  # each names what to do about it
+        assert re.search(r"; |use |give |rename|add |install|write |fix", problem), problem
+    reasons = [reason for reason, pattern in REASONS.items() if any(re.search(pattern, p) for p in problems)]
+    assert reasons, problems  # every refusal is one of the reasons the guide's table counts
+    return False, reasons
 
 
 def _check(tmp_path, text: str, *args: str):
@@ -109,15 +132,61 @@ def test_clear_limits_are_one_line_each(tmp_path, run, env, fix):
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and fix in lines[0], err
 
 
+@pytest.mark.parametrize("path", CORPUS, ids=[os.path.relpath(p, CORPUS_DIR) for p in CORPUS])
+def test_every_file_of_the_corpus_passes_or_is_refused_with_every_problem_listed(path):
+    outcome = corpus_outcome(CliRunner().invoke(main, ["train", path, "--check"]))
+    renamed = corpus_outcome(CliRunner().invoke(main, ["train", path, "--check", "--rename-old-keys"]))
+    assert renamed[0] or "an old key RLlib 2.60 refuses or ignores" not in renamed[1]
+    if outcome[0]:
+        assert renamed[0]  # taking old names can't make a passing file fail
+
+
+def test_the_guides_corpus_table_holds_what_the_check_says():
+    """docs/guide.md's table of the corpus: its counts are what ``train --check`` answers today."""
+    guide = open(os.path.join(os.path.dirname(CORPUS_DIR), "..", "..", "docs", "guide.md")).read()
+    outcomes = {p: corpus_outcome(CliRunner().invoke(main, ["train", p, "--check"])) for p in CORPUS}
+    renamed = {p: corpus_outcome(CliRunner().invoke(main, ["train", p, "--check", "--rename-old-keys"]))
+               for p in CORPUS}
+    passed = sum(ok for ok, _ in outcomes.values())
+    assert f"{len(CORPUS)} files: {passed} pass as written, {sum(ok for ok, _ in renamed.values())} with " \
+           "`--rename-old-keys`" in guide
+    for reason in REASONS:
+        count = sum(reason in reasons for _, reasons in outcomes.values())
+        assert f"| {reason} | {count} |" in guide, (reason, count)
+
+
+# A handful of the corpus trains for one iteration, small overrides only (as the guide shows): each run recorded
+# and verified. (file, extra arguments, YAML text replaced to keep the iteration small on 2 CPUs; the grid's six
+# trials sample in their own process, with no env-runner actor to start each time)
+TRAINED = {
+    "ppo/cartpole-ppo.yaml": ([], {}),  # the old API stack
+    "ppo/cartpole-ppo-grid-search-example.yaml": (["--rename-old-keys", "--num-env-runners", "0"], {
+        "        num_env_runners: 2\n": "        num_env_runners: 2\n        train_batch_size: 512\n"}),
+    "appo/cartpole-appo.yaml": ([], {  # the learner in the trial's process: 2 CPUs hold a trial then
+        "        num_gpus: 0\n": "        num_gpus: 0\n        num_learners: 0\n"}),
+    "dqn/cartpole-dqn.yaml": ([], {}),
+    "impala/multi-agent-cartpole-impala.yaml": ([], {"        num_gpus: 0\n": "        num_gpus: 0\n        num_learners: 0\n"}),
+}
+
+
 @pytest.mark.slow
-def test_a_grid_search_in_the_published_shape_trains_records_and_verifies_every_trial(ray_session, tmp_path,
-                                                                                      monkeypatch):
-    path = tmp_path / "grid.yaml"
-    path.write_text(GRID)
+@pytest.mark.parametrize("name", sorted(TRAINED))
+def test_a_handful_of_the_corpus_trains_one_iteration_records_and_verifies(ray_session, tmp_path, monkeypatch,
+                                                                           name):
+    extra, smaller = TRAINED[name]
+    text = open(os.path.join(CORPUS_DIR, name)).read()
+    for old, new in smaller.items():
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_path / os.path.basename(name)
+    path.write_text(text)
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(main, ["train", str(path), "--stop-iters", "1", "--num-env-runners", "1",
-                                       "--output-dir", str(tmp_path / "rec")])
+    runners = [] if "--num-env-runners" in extra else ["--num-env-runners", "1"]
+    result = CliRunner().invoke(main, ["train", str(path), "--stop-iters", "1", *runners,
+                                       "--output-dir", str(tmp_path / "rec"), *extra])
     assert result.exit_code == 0, (result.stdout, result.stderr)
-    assert "trained and recorded 2 run(s)" in result.stdout
-    assert result.stdout.count("verify: sound: all ") == 2, result.stdout
-    assert "num_epochs=1" in result.stdout and "num_epochs=2" in result.stdout
+    runs = int(re.search(r"trained and recorded (\d+) run", result.stdout).group(1))
+    assert runs == (6 if "grid" in name else 1), result.stdout  # the grid: 2 x 3 trials, each recorded
+    assert result.stdout.count("verify: sound: all ") == runs, result.stdout
+    if "grid" in name:  # the old names taken as the new ones, the grid handed to Tune
+        assert "num_epochs=4" in result.stdout and "minibatch_size=512" in result.stdout, result.stdout

@@ -4,8 +4,10 @@ wrappers.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
+import re
 from typing import Any
 
 from rllib_recorder._rllib_compat import tune_registered, tune_registered_names
@@ -45,6 +47,8 @@ def resolve_env(spec: ExperimentSpec) -> Any:
         module, name = env.split(":", 1)
     elif "." in env and is_module_name(env):  # RLlib's class path form, 'pkg.module.Class'
         module, name = env.rsplit(".", 1)
+    elif ALE_LEGACY_ID.match(env):
+        return _legacy_atari(spec, env)
     else:
         return _gym_id(spec, env)
     if not is_module_name(module):
@@ -72,6 +76,32 @@ def resolve_env(spec: ExperimentSpec) -> Any:
 
     gym.register_envs(imported)
     return _gym_id(spec, env, name)
+
+
+# The ALE ids of gym's day that RLlib's published Atari experiments name (PongNoFrameskip-v4, Breakout-v0,
+# PongDeterministic-v4): ale_py registers them with gymnasium, and RLlib's deepmind preprocessing wrapped them.
+ALE_LEGACY_ID = re.compile(r"^[A-Z][A-Za-z]+(NoFrameskip|Deterministic)?-v[04]$")
+
+# RLlib's default conv nets fit these picture sizes (model: dim:); other sizes get 84.
+ATARI_DIMS = (42, 64, 84)
+
+
+def _legacy_atari(spec: ExperimentSpec, env: str) -> str:
+    """An ALE id of gym's day: run with RLlib's Atari wrappers, as RLlib's deepmind preprocessing ran it."""
+    import gymnasium as gym
+
+    try:
+        import_env_package("ale_py")
+    except ImportError:
+        return _gym_id(spec, env)
+    if env not in gym.registry:
+        return _gym_id(spec, env)
+    model = spec.config.get("model") if isinstance(spec.config.get("model"), dict) else {}
+    dim = model.get("dim") if model.get("dim") in ATARI_DIMS else 84
+    spec.notes.append(f"{spec.where}: 'env: {shown_key(env)}' is an ALE id: it runs with RLlib's Atari wrappers "
+                      f"(grayscale {dim}x{dim}, 4 frames skipped and 4 stacked), as RLlib's deepmind preprocessing "
+                      f"ran it (write 'atari_wrappers: {{dim: {dim}, framestack: 4}}' to silence this)")
+    return register_atari(dataclasses.replace(spec, atari_wrappers={"dim": dim, "framestack": 4}))
 
 
 def _gym_id(spec: ExperimentSpec, env: str, gym_id: str | None = None) -> str:

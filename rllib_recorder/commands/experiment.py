@@ -46,6 +46,8 @@ class ExperimentSpec:
     atari_wrappers: dict[str, Any] | None = None
     path: str = ""
     notes: list[str] = field(default_factory=list)  # what was translated or looks wrong, shown at start
+    rename_old_keys: bool = False  # take RLlib's old key names as their new ones, also those RLlib 2.60 refuses
+    env_grid: list[str] | None = None  # 'env: {grid_search: [...]}': Tune runs a trial per env (``env`` is the first)
 
     @property
     def where(self) -> str:
@@ -94,9 +96,14 @@ def load_experiment(path: str, *, stop_iters: int | None = None, stop_timesteps:
             raise ConfigError(f"{at} names its env twice ('env:' and 'config: {{env: ...}}'); keep one 'env:'")
         config = dict(config)
         env = config.pop("env")
-    if env is not None and (not isinstance(env, str) or not env.strip() or "\0" in env):
-        raise ConfigError(f"{at}: 'env:' must be a gymnasium id or 'module:Class', e.g. 'env: CartPole-v1'; "
-                          f"it is {describe_value(env)}")
+    env_grid = None
+    if isinstance(env, dict) and set(env) == {"grid_search"} and isinstance(env["grid_search"], list) \
+            and env["grid_search"] and all(_env_name(e) for e in env["grid_search"]):
+        env_grid = list(dict.fromkeys(env["grid_search"]))  # Tune's grid over envs: a trial each
+        env = env_grid[0]
+    if env is not None and not _env_name(env):
+        raise ConfigError(f"{at}: 'env:' must be a gymnasium id or 'module:Class' (or Tune's "
+                          f"'{{grid_search: [id, ...]}}'), e.g. 'env: CartPole-v1'; it is {describe_value(env)}")
     env_config = config.get("env_config")
     if env_config is not None:
         as_mapping(env_config, f"{at}: 'config: env_config:'", "the env's settings, e.g. 'env_config: {num_agents: 2}'")
@@ -126,8 +133,16 @@ def load_experiment(path: str, *, stop_iters: int | None = None, stop_timesteps:
         atari = _atari_options(atari, at)
     if atari is not None and env is None:
         raise ConfigError(f"{at}: 'atari_wrappers:' needs an 'env:', an ALE id such as 'ale_py:ALE/Breakout-v5'")
+    if env_grid is not None and (atari is not None or any(ATARI_NAME.match(e) for e in env_grid)):
+        raise ConfigError(f"{at}: a grid over envs takes ids without 'atari_wrappers:' (ALE ids such as "
+                          "BreakoutNoFrameskip-v4 get RLlib's Atari wrappers by themselves); give one experiment "
+                          "per wrapped env instead")
     return ExperimentSpec(name=name, run=run, env=env, stop=stop, config=dict(config), recorder=recorder_config,
-                          register=register, atari_wrappers=atari, path=str(path), notes=notes)
+                          register=register, atari_wrappers=atari, path=str(path), notes=notes, env_grid=env_grid)
+
+
+def _env_name(env: Any) -> bool:
+    return isinstance(env, str) and bool(env.strip()) and "\0" not in env
 
 
 def _nearest(key: str, names: Any) -> list[str]:

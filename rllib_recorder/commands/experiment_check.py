@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import re
 import warnings
@@ -146,6 +147,8 @@ def check_experiment(spec: ExperimentSpec) -> Any:
     attempt(_import_registered, spec)
     found = attempt(_algorithm, spec)
     env = attempt(resolve_env, spec)
+    envs = [env] + [attempt(resolve_env, dataclasses.replace(spec, env=other, env_grid=None))
+                    for other in (spec.env_grid or [])[1:]]
     settings = copy.deepcopy(spec.config)  # RLlib's update_from_dict changes the dicts it is given
     env_config = settings.pop("env_config", None) or {}
     if found is not None:
@@ -161,7 +164,10 @@ def check_experiment(spec: ExperimentSpec) -> Any:
     if problems:
         raise_problems(spec, problems)
     with _quiet():  # RLlib's notes on the config (e.g. 'running PPO on the new API stack') come when it runs
-        return one_line_errors(_rllib_config)(spec, algo_class, defaults, env, env_config, settings)
+        config = one_line_errors(_rllib_config)(spec, algo_class, defaults, env, env_config, settings)
+    if spec.env_grid:  # RLlib checked the first env's config; Tune makes a trial per env
+        config.env = {"grid_search": envs}
+    return config
 
 
 def raise_problems(spec: ExperimentSpec, problems: list[str]) -> None:
@@ -293,15 +299,16 @@ def _renamed(settings: dict, spec: ExperimentSpec, where: str, problems: list[st
             continue
         new, mapped = rename
         at = f"{spec.where}: '{where} {key}:'"
-        if not mapped:
+        if not mapped and not spec.rename_old_keys:
             problems.append(f"{at} is RLlib's old name of '{new}', which RLlib 2.60 "
-                            f"{'ignores' if key in IGNORED else 'refuses'}; rename it '{new}'")
+                            f"{'ignores' if key in IGNORED else 'refuses'}; rename it '{new}' (or run with "
+                            "--rename-old-keys)")
             continue
         if new in settings:
             problems.append(f"{at} is RLlib's old name of '{new}', which the file sets too; keep one '{new}:'")
             continue
-        spec.notes.append(f"{at} is RLlib's old name of '{new}'; taken as '{new}: {SHOW.repr(value)}' (rename it "
-                          "to silence this)")
+        spec.notes.append(f"{at} is RLlib's old name of '{new}'{'' if mapped else ' (--rename-old-keys)'}; taken as "
+                          f"'{new}: {SHOW.repr(value)}' (rename it to silence this)")
         out[new] = value
     return out
 

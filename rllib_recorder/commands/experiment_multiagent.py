@@ -7,9 +7,12 @@ from typing import Any
 from rllib_recorder.commands.experiment import ExperimentSpec
 from rllib_recorder.commands.messages import (
     SHOW,
+    allowed_module,
     as_mapping,
     describe_value,
     did_you_mean,
+    is_module_name,
+    one_line,
 )
 from rllib_recorder.errors import ConfigError
 
@@ -49,7 +52,10 @@ def multiagent_settings(value: Any, spec: ExperimentSpec) -> dict[str, Any]:
             raise ConfigError(f"{at} 'policies:' must list policy ids, e.g. 'policies: [p0, p1]'; it is "
                               f"{describe_value(policies)}")
     mapping = multiagent.get("policy_mapping_fn")
-    if mapping is not None:
+    if isinstance(mapping, dict) and set(mapping) == {"type"}:  # RLlib's YAML form: a callable class by path
+        multiagent["policy_mapping_fn"] = _mapping_class(mapping["type"], at, spec)
+        mapping = None
+    elif mapping is not None:
         if not isinstance(mapping, dict) or not mapping or \
                 not all(isinstance(p, str) and p for p in mapping.values()):
             raise ConfigError(f"{at} 'policy_mapping_fn:' must map agent ids to policy ids, e.g. "
@@ -74,3 +80,31 @@ def multiagent_settings(value: Any, spec: ExperimentSpec) -> dict[str, Any]:
     if not isinstance(swappable, bool):
         raise ConfigError(f"{at} 'policy_states_are_swappable:' must be true or false; it is {describe_value(swappable)}")
     return multiagent
+
+
+def _mapping_class(path: Any, at: str, spec: ExperimentSpec) -> Any:
+    """An instance of the callable class ``policy_mapping_fn: {type: pkg.module.Class}`` names (as RLlib's YAMLs
+    gave it), imported only from ``ray.rllib`` or a ``register:`` module."""
+    import importlib
+
+    if not isinstance(path, str) or "." not in path or not is_module_name(path):
+        raise ConfigError(f"{at} 'policy_mapping_fn: type:' must name a class as 'pkg.module.Class'; it is "
+                          f"{describe_value(path)}")
+    module, name = path.rsplit(".", 1)
+    if not allowed_module(module, spec.register, ("ray.rllib",)):
+        raise ConfigError(f"{at} 'policy_mapping_fn: type: {path}' would import module {module!r}, which the file "
+                          f"does not list in 'register:'; add 'register: [{module}]' if you trust it")
+    try:
+        found = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"{at} 'policy_mapping_fn: type: {path}' cannot be imported ({one_line(e)}); name a "
+                          "class that exists, or map agents to policies: 'policy_mapping_fn: {0: p0, 1: p1}'") \
+            from None
+    try:
+        instance = found() if isinstance(found, type) else None
+    except Exception as e:  # noqa: BLE001 - the user's class: its error, in one line
+        raise ConfigError(f"{at} 'policy_mapping_fn: type: {path}' could not be made ({one_line(e)})") from None
+    if not callable(instance):
+        raise ConfigError(f"{at} 'policy_mapping_fn: type: {path}' is not a callable class; name one whose "
+                          "instances map (agent_id, episode) to a policy id")
+    return instance

@@ -50,11 +50,19 @@ def run_experiment(spec: ExperimentSpec, *, num_cpus: int | None = None,
         from ray import tune
 
         if not ray.is_initialized():
-            # A trial needs a CPU for its algorithm plus one per env runner; on a small machine
-            # ask Ray for that many logical CPUs rather than leave the trial pending forever.
-            needed = 1 + int(config.num_env_runners or 0)
+            # A trial needs what its algorithm asks Tune for (its own CPU, one per env runner, APPO's and
+            # IMPALA's aggregator actors, evaluation runners); on a small machine ask Ray for that many logical
+            # CPUs rather than leave the trial pending forever.
+            needed = trial_cpus(config)
             ray.init(num_cpus=num_cpus or max(os.cpu_count() or 1, needed), include_dashboard=False,
                      log_to_driver=verbose, logging_level=logging.INFO if verbose else logging.ERROR)
+        else:  # the caller's Ray: a trial it can't place would wait forever
+            needed, has = trial_cpus(config), int(ray.cluster_resources().get("CPU", 0))
+            if needed > has:
+                raise ConfigError(f"experiment {spec.name!r}: a trial asks for {needed} CPUs (its algorithm, "
+                                  f"{config.num_env_runners} env runner(s), learners and aggregators) and this Ray "
+                                  f"cluster has {has}; start Ray with num_cpus={needed}, or lower num_env_runners "
+                                  "or num_learners")
         if echo is not None:
             echo(describe(spec))
         tuner = tune.Tuner(
@@ -91,3 +99,12 @@ def _quiet_ray(verbose: bool) -> Iterator[None]:
             os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
         else:
             os.environ["RAY_AIR_NEW_OUTPUT"] = before
+
+
+def trial_cpus(config: Any) -> int:
+    """The CPUs one trial of ``config`` asks Tune for (its algorithm's ``default_resource_request``)."""
+    try:
+        request = config.algo_class.default_resource_request(config)
+        return max(1, int(-(-float(request.required_resources.get("CPU", 1)) // 1)))
+    except Exception:  # noqa: BLE001 - an algorithm of the user's that can't say: its runners and itself
+        return 1 + int(config.num_env_runners or 0) + int(getattr(config, "evaluation_num_env_runners", 0) or 0)
