@@ -95,3 +95,19 @@ def communicate_or_kill(proc, timeout: float, what: str) -> tuple[str, str]:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         pytest.fail(f"{what} did not end within {timeout} s: {(err or '')[-3000:]}")
+
+
+def plain_rows(dataset, frags=None) -> "np.ndarray":
+    """Every row of a column read with plain h5py as docs/FORMAT.md says: frame deltas (schema 3.0) undone
+    fragment by fragment (``frags``: the agent's fragments group; found beside the column by default)."""
+    import numpy as np
+
+    rows = dataset[()]
+    if dataset.attrs.get("delta") == "xor_previous_row":
+        frags = frags if frags is not None else dataset.file[dataset.name.partition("/steps/")[0] + "/fragments"]
+        every = int(dataset.attrs["delta_key_rows"])
+        for first, n in zip(frags["first_row"][()], frags["num_rows"][()]):
+            for a in range(int(first), int(first + n), every):
+                b = min(a + every, int(first + n))
+                np.bitwise_xor.accumulate(rows[a:b], axis=0, out=rows[a:b])
+    return rows

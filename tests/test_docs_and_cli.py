@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_format_doc_names_every_field():
     doc = open(os.path.join(ROOT, "docs", "FORMAT.md")).read()
     for names in (layout.FILE_ATTRS, layout.BATCH_COLUMNS, layout.STEP_COLUMNS, layout.FRAGMENT_COLUMNS,
-                  layout.ENCODING_ATTRS):
+                  layout.ENCODING_ATTRS, layout.DELTA_ATTRS):
         for name in names:
             assert f"`{name}`" in doc, name
 

@@ -10,6 +10,7 @@ from rllib_recorder.errors import RecorderError, SchemaError
 from rllib_recorder.format import commits, datasets, decode, layout
 from rllib_recorder.record.convert import episodes_to_chunk
 from rllib_recorder.service.writer import RecordingWriter
+from tests import helpers
 from tests.helpers import image_episode, make_episode, stacked_frames
 
 
@@ -123,7 +124,7 @@ def test_values_a_column_can_not_hold_widen_it_instead_of_being_cast(tmp_path):
         steps = h5["agents/default_agent/steps"]
         assert steps["rewards"].dtype == np.float64 and steps["rewards"][()].tolist() == [0, 1, 2, 0.5, -1e-9]
         obs = steps["obs"]
-        assert obs.dtype == np.float64 and obs[()].tolist() == [[0, 0], [1, -1], [2, -2], [0.1, 0], [1e-40, -1]]
+        assert obs.dtype == np.float64 and helpers.plain_rows(obs).tolist() == [[0, 0], [1, -1], [2, -2], [0.1, 0], [1e-40, -1]]
         assert not [k for k in steps if k.endswith(layout.FLOAT_SUFFIX)]
 
 
@@ -168,9 +169,10 @@ def test_exact_float_frames_are_stored_as_uint8_and_read_back_bit_for_bit(tmp_pa
     with h5py.File(tmp_path / "worker-001.h5", "r") as h5:
         obs = h5["agents/default_agent/steps/obs"]
         assert obs.dtype == np.uint8 and obs.attrs["encoding"] == "affine_uint8"
-        np.testing.assert_array_equal(obs[()], codes[:-1])
+        stored = helpers.plain_rows(obs, h5["agents/default_agent/fragments"])  # frame deltas undone
+        np.testing.assert_array_equal(stored, codes[:-1])
         # the FORMAT.md recipe: value = code * scale + offset, as float32
-        decoded = obs[()].astype(np.float32) * np.float32(obs.attrs["scale"]) + np.float32(obs.attrs["offset"])
+        decoded = stored.astype(np.float32) * np.float32(obs.attrs["scale"]) + np.float32(obs.attrs["offset"])
         assert np.array_equal(decoded, frames[:-1])
     (tmp_path / "manifest.json").write_text(json.dumps({"format": "rllib_recorder", "schema_version": layout.SCHEMA_VERSION}))
     with open_run(str(tmp_path)) as run:
@@ -192,7 +194,7 @@ def test_a_frame_that_is_not_exact_turns_the_column_back_into_float32_losslessly
     with h5py.File(tmp_path / "worker-001.h5", "r") as h5:
         obs = h5["agents/default_agent/steps/obs"]
         assert obs.dtype == np.float32 and "encoding" not in obs.attrs
-        assert np.array_equal(obs[()], np.concatenate([frames1[:-1], frames2[:-1]]))
+        assert np.array_equal(helpers.plain_rows(obs), np.concatenate([frames1[:-1], frames2[:-1]]))
         assert not [k for k in h5["agents/default_agent/steps"] if k.endswith(layout.FLOAT_SUFFIX)]
 
 
@@ -233,7 +235,7 @@ def test_frames_the_runner_sends_as_uint8_codes_are_stored_losslessly_whatever_c
         assert steps["obs"].dtype == (np.uint8 if stays_uint8 else np.float32)
         for column, want in ((steps["obs"], np.concatenate([f[:-1] for f in expected])),
                              (fragments["last_obs"], np.stack([f[-1] for f in expected]))):
-            got = decode.decode_uint8(column, column[()])
+            got = decode.decode_uint8(column, helpers.plain_rows(column))
             assert got.dtype == np.float32 and np.array_equal(got, want)  # bit for bit
 
 
@@ -252,7 +254,7 @@ def test_reopen_finishes_a_float_rewrite_cut_short_by_a_crash(tmp_path):
     again.append(1, False, b"s" * 32, 1, episodes_to_chunk([image_episode(np.zeros((2, 8, 8, 1)), "b")[0]]))
     again.close()
     with h5py.File(path, "r") as h5:
-        obs = h5["agents/default_agent/steps/obs"][()]
+        obs = helpers.plain_rows(h5["agents/default_agent/steps/obs"])
         assert obs.dtype == np.float32 and np.array_equal(obs[:3], frames[:-1]) and len(obs) == 4
 
 
@@ -294,7 +296,7 @@ def test_frame_stacks_are_stored_as_newest_frames_and_read_back_bit_for_bit_what
         assert obs.attrs.get("frame_stack") == (4 if stays_stacked else None)
         assert ("head_obs" in fragments) == stays_stacked
         if stays_stacked:
-            np.testing.assert_array_equal(obs[:, ..., 0], np.round((all_rows[..., -1] + 1) * 128))
+            np.testing.assert_array_equal(helpers.plain_rows(obs)[:, ..., 0], np.round((all_rows[..., -1] + 1) * 128))
             assert fragments["head_obs"].shape == (2 * len(sent), 6, 6, 3)
             assert decode.row_shape(obs) == (6, 6, 4)
     f = WorkerFile(path)
@@ -412,7 +414,7 @@ def test_head_frames_that_are_not_exact_codes_are_kept_as_float32_and_a_later_re
         obs = h5["agents/default_agent/steps/obs"]
         assert obs.dtype == np.float32 and "frame_stack" not in obs.attrs and "encoding" not in obs.attrs
         assert "head_obs" not in h5["agents/default_agent/fragments"]
-        assert np.array_equal(obs[()], np.concatenate([frames[:-1] for _, frames in episodes]))
+        assert np.array_equal(helpers.plain_rows(obs), np.concatenate([frames[:-1] for _, frames in episodes]))
 
 
 def test_reopen_drops_the_head_frames_of_a_column_a_crash_left_as_full_stacks(tmp_path):
@@ -427,7 +429,7 @@ def test_reopen_drops_the_head_frames_of_a_column_a_crash_left_as_full_stacks(tm
     with h5py.File(path, "a") as h5:  # crash after the full-stack copy replaced the column, before its heads went
         steps = h5["agents/default_agent/steps"]
         full = decode.read_rows(steps["obs"], slice(None), decode=False)
-        attrs = {k: v for k, v in steps["obs"].attrs.items() if k != "frame_stack"}
+        attrs = {k: v for k, v in steps["obs"].attrs.items() if k not in ("frame_stack", "delta", "delta_key_rows")}
         del steps["obs"]
         steps.create_dataset("obs", data=full, maxshape=(None, 6, 6, 4)).attrs.update(attrs)
         assert "head_obs" in h5["agents/default_agent/fragments"]
@@ -437,7 +439,7 @@ def test_reopen_drops_the_head_frames_of_a_column_a_crash_left_as_full_stacks(tm
     again.close()
     with h5py.File(path, "r") as h5:
         assert "head_obs" not in h5["agents/default_agent/fragments"]
-        assert np.array_equal(h5["agents/default_agent/steps/obs"][()],
+        assert np.array_equal(helpers.plain_rows(h5["agents/default_agent/steps/obs"]),
                               np.round((np.concatenate([frames[:-1], more_frames[:-1]]) + 1) * 128))
 
 
@@ -469,7 +471,7 @@ def test_freed_space_is_never_reused_and_dead_space_is_compacted_away_without_lo
     stats = writer.close()
     with h5py.File(path, "r") as h5:
         assert h5.id.get_create_plist().get_file_space_strategy()[0] == h5py.h5f.FSPACE_STRATEGY_NONE
-        obs = h5["agents/default_agent/steps/obs"][()]
+        obs = helpers.plain_rows(h5["agents/default_agent/steps/obs"])
         assert obs.shape == (first, 64) and json.loads(h5.attrs["commit"])["agents"]["default_agent"][0] == first
         np.testing.assert_array_equal(obs[:, 0], np.arange(first))
         data = commits.datasets_bytes(h5)
@@ -501,14 +503,14 @@ def test_a_stale_end_of_allocation_left_by_a_kill_is_repaired_before_reopening_n
         f.write(head)
     with pytest.raises(Exception, match="addr overflow|truncated|eoa"):
         with h5py.File(path, "r") as h5:
-            h5["agents/default_agent/steps/obs"][()]
+            helpers.plain_rows(h5["agents/default_agent/steps/obs"])
     size = path.stat().st_size
     again = _writer(tmp_path)  # a restarted writer reopens the file
     again.append(1, False, b"t" * 32, 0, _noisy_chunk(60, 10))
     again.close()
     assert size > stale_eoa
     with h5py.File(path, "r") as h5:
-        obs = h5["agents/default_agent/steps/obs"][()]
+        obs = helpers.plain_rows(h5["agents/default_agent/steps/obs"])
         np.testing.assert_array_equal(obs[:, 0], np.arange(70))
         assert json.loads(h5.attrs["commit"])["batches"] == 3
 
@@ -601,12 +603,12 @@ def test_columns_are_compressed_where_it_pays_and_read_back_value_by_value(tmp_p
             for name, column in table.items():
                 if column.dtype.itemsize < datasets.INDEX_PLAIN_ROW_BYTES and column.ndim == 1:
                     assert column.compression is None and column.chunks[0] <= datasets.INDEX_CHUNK_ROWS, name
-        np.testing.assert_array_equal(steps["obs"][()], obs[:-1])
+        np.testing.assert_array_equal(helpers.plain_rows(steps["obs"]), obs[:-1])
         np.testing.assert_array_equal(frags["last_obs"][0], obs[-1])
         np.testing.assert_array_equal(steps["t"][()], np.arange(n))
     with h5py.File(tmp_path / "worker-002.h5", "r") as h5:
         column = h5["agents/default_agent/steps/obs"]
         assert column.compression == "gzip" and column.dtype == np.uint8
-        np.testing.assert_array_equal(decode.decode_uint8(column, column[()]), values[:-1])
+        np.testing.assert_array_equal(decode.decode_uint8(column, helpers.plain_rows(column)), values[:-1])
         last = h5["agents/default_agent/fragments/last_obs"]
         assert last.compression == "gzip"  # a row of 84x84x4 bytes: compressed like a step column

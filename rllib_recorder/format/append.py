@@ -12,13 +12,17 @@ import h5py
 import numpy as np
 
 from rllib_recorder.format import repair as h5repair
+from rllib_recorder.format import start_state
 from rllib_recorder.format.chunks import Chunk, Stream, full_stacks, newest_frames
 from rllib_recorder.format.commits import rewrite_committed, uncommitted_rows, write_commit
 from rllib_recorder.format.datasets import StorageOptions, append_columns, replace_column, sent_encodings
 from rllib_recorder.format.decode import read_rows, same_encoding
 from rllib_recorder.format.frames import (
+    DELTA_ATTR,
+    DELTA_KEY_ATTR,
     HEAD_PREFIX,
     fragment_starts,
+    xor_encode,
 )
 from rllib_recorder.format.h5file import APPEND_CHUNK_CACHE_BYTES, create_file, open_h5, validate_header
 from rllib_recorder.format.layout import (
@@ -123,9 +127,12 @@ def _append_stream(
     fragments = columns.group(f"{name}/fragments")
     stream = _stacks_as_stored(columns, steps, fragments, stream, rows, options)
     frag_cols = dict(stream.fragments)
+    if columns.stores_frame_deltas and options.frame_delta and "start_state" in frag_cols:
+        frag_cols["start_state"] = _states_against_earlier(frag_cols["start_state"])
     frag_cols["first_row"] = fragment_starts(frag_cols["num_rows"], rows)
     frag_cols["batch"] = np.full(len(frag_cols["first_row"]), batch_row, dtype=np.int64)
-    append_columns(columns, steps, stream.steps, rows, options, sent_encodings(stream, "steps"), stream.stacked)
+    append_columns(columns, steps, stream.steps, rows, options, sent_encodings(stream, "steps"), stream.stacked,
+                   fragment_lengths=np.asarray(frag_cols["num_rows"]))
     append_columns(columns, fragments, frag_cols, frags, options, sent_encodings(stream, "fragments"))
     for path, kind in stream.containers.items():
         if (name, path, kind) in columns.containers_marked:
@@ -134,6 +141,16 @@ def _append_stream(
         if target is not None and target[path].attrs.get("container") != kind:
             target[path].attrs["container"] = kind
         columns.containers_marked.add((name, path, kind))
+
+
+def _states_against_earlier(states: np.ndarray) -> np.ndarray:
+    """One append's start states, each stored against an earlier alike one of the append (schema 3.0,
+    ``start_state.encode_batch``)."""
+    encoded = start_state.encode_batch([np.asarray(s, np.uint8).tobytes() for s in states])
+    out = np.empty(len(states), dtype=object)
+    for i, blob in enumerate(encoded):
+        out[i] = np.frombuffer(blob, np.uint8)
+    return out
 
 
 def _stacks_as_stored(columns: OpenColumns, steps: h5py.Group, fragments: h5py.Group, stream: Stream, rows: int,
@@ -168,7 +185,9 @@ def _unstack_column(columns: OpenColumns, steps: h5py.Group, fragments: h5py.Gro
     as_stored = same_encoding(dataset, fragments[HEAD_PREFIX + path])  # else both as float32 (one was rewritten)
     full = read_rows(dataset, slice(0, rows), decode=not as_stored)
     attrs = {k: v for k, v in dataset.attrs.items()
-             if k != FRAME_STACK_ATTR and (as_stored or k not in ENCODING_ATTRS)}
+             if k != FRAME_STACK_ATTR and (as_stored or k not in (*ENCODING_ATTRS, DELTA_ATTR, DELTA_KEY_ATTR))}
+    if DELTA_ATTR in attrs:  # the full stacks as frame deltas too, over the fragments stored so far
+        full = xor_encode(full, fragments["num_rows"][()], int(attrs[DELTA_KEY_ATTR]))
     del dataset
     encoding = (np.float32(attrs["scale"]), np.float32(attrs["offset"])) if "scale" in attrs else None
     replace_column(columns, steps, path, full, full, options, encoding=encoding, attrs=attrs)

@@ -11,10 +11,16 @@ import numpy as np
 
 from rllib_recorder.errors import SchemaError
 from rllib_recorder.format.chunks import Stream
+from rllib_recorder.format.decode import stored_rows
 from rllib_recorder.format.frames import (
+    DELTA_ATTR,
+    DELTA_KEY_ATTR,
+    DELTA_KEY_ROWS,
+    DELTA_XOR,
     decode_codes,
     image_grid,
     uint8_codes,
+    xor_encode,
 )
 from rllib_recorder.format.layout import FLOAT_SUFFIX, FRAME_STACK_ATTR
 from rllib_recorder.format.open_columns import Column, OpenColumns
@@ -31,6 +37,8 @@ class StorageOptions:
     encode_uint8: bool = True
     # Store frame-stacked observations as their newest frames (chunks.newest_frames); checked on every chunk.
     stack_frames: bool = True
+    # Store image columns of uint8 (Atari frames) as each row XOR the row before (frames.xor_encode), schema 3.0.
+    frame_delta: bool = True
     # HDF5 file-space strategy of new files. "none": space a rewritten chunk frees is never
     # handed out again while the file is open, so a kill can't overwrite committed rows
     # that the on-disk index still points at (see docs/RELIABILITY.md); the dead space is
@@ -77,7 +85,7 @@ def _encoded_rows(columns: OpenColumns, group: h5py.Group, path: str, values: np
     if encoded is not None:
         return encoded
     # Not exact: rewrite the column as float32 (stored rows decoded exactly), then append as is.
-    decoded = decode_codes(column.dataset[:start], *column.encoding)
+    decoded = decode_codes(stored_rows(column.dataset, slice(0, start)), *column.encoding)
     attrs = {} if column.stack is None else {FRAME_STACK_ATTR: np.int64(column.stack)}
     del column  # with the cache's, the last reference to the old dataset: closed before it is unlinked
     replace_column(columns, group, path, decoded, values, options, attrs=attrs)
@@ -109,8 +117,8 @@ def _widen_column(columns: OpenColumns, group: h5py.Group, path: str, start: int
     hold, instead of casting them (an int64 reward column would cut 0.5 to 0). As a float32 rewrite: a copy under
     FLOAT_SUFFIX replaces the column, so a crash leaves one or the other (``_finish_float_rewrites``)."""
     old = columns.column(group, path)
-    stored = old.dataset[:start].astype(dtype)
-    attrs = dict(old.dataset.attrs)
+    stored = stored_rows(old.dataset, slice(0, start)).astype(dtype)
+    attrs = {k: v for k, v in old.dataset.attrs.items() if k not in (DELTA_ATTR, DELTA_KEY_ATTR)}
     del old
     replace_column(columns, group, path, stored, stored, options, attrs=attrs)
     return columns.column(group, path)
@@ -136,8 +144,10 @@ def _sent_codes(columns: OpenColumns, group: h5py.Group, path: str, codes: np.nd
 def append_columns(
     columns: OpenColumns, group: h5py.Group, values_of: Mapping[str, np.ndarray], start: int,
     options: StorageOptions, codes: Mapping[str, tuple[np.float32, np.float32]] | None = None,
-    stacks: Mapping[str, int] | None = None,
+    stacks: Mapping[str, int] | None = None, fragment_lengths: np.ndarray | None = None,
 ) -> None:
+    """Appends each of ``values_of`` as rows ``start:`` of its column (created if new). ``fragment_lengths``: the
+    rows of each fragment the values hold (step columns), which image columns stored as frame deltas need."""
     codes = codes or {}
     for path, values in values_of.items():
         code = codes.get(path)
@@ -145,7 +155,9 @@ def append_columns(
             values, code = decode_codes(values, *code), None
         if columns.column(group, path) is None:
             encoding = code if code is not None else _image_encoding(values, options)
-            _create_column(group, path, values, start, options, encoding=encoding)
+            delta = (fragment_lengths is not None and options.frame_delta and columns.stores_frame_deltas
+                     and values.ndim >= 3 and (encoding is not None or values.dtype == np.uint8))
+            _create_column(group, path, values, start, options, encoding=encoding, delta=delta)
             if stacks and path in stacks:
                 group[path].attrs[FRAME_STACK_ATTR] = np.int64(stacks[path])
         if code is not None:
@@ -166,6 +178,10 @@ def append_columns(
         if (column.encoding is None and column.dtype.kind in "biuf" and values.dtype.kind in "biuf"
                 and not np.can_cast(values.dtype, column.dtype, "safe")):  # e.g. int rewards, then 0.5
             column = _widen_column(columns, group, path, start, np.result_type(column.dtype, values.dtype), options)
+        if column.delta is not None:
+            if fragment_lengths is None or int(np.sum(fragment_lengths)) != len(values):
+                raise SchemaError(f"column {group.name}/{path} stores frame deltas, which need the rows' fragments")
+            values = xor_encode(np.asarray(values, column.dtype), fragment_lengths, column.delta)
         _write_rows(column, start, values)
         # One column per flush: HDF5 frees a rewritten compressed chunk's old space and may
         # hand it to another chunk of the same flush before the index pointing away from it
@@ -210,7 +226,7 @@ def _write_byte_arrays(dataset: h5py.Dataset, start: int, values: np.ndarray) ->
 
 def _create_column(
     group: h5py.Group, path: str, values: np.ndarray, start: int, options: StorageOptions,
-    encoding: tuple[np.float32, np.float32] | None = None,
+    encoding: tuple[np.float32, np.float32] | None = None, delta: bool = False,
 ) -> None:
     if start:
         raise SchemaError(
@@ -238,6 +254,8 @@ def _create_column(
     )
     if encoding:
         dataset.attrs.update({"encoding": "affine_uint8", "scale": encoding[0], "offset": encoding[1]})
+    if delta:
+        dataset.attrs.update({DELTA_ATTR: DELTA_XOR, DELTA_KEY_ATTR: np.int64(DELTA_KEY_ROWS)})
 
 
 def _compresses(values: np.ndarray, options: StorageOptions) -> bool:

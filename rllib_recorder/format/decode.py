@@ -7,9 +7,13 @@ import numpy as np
 
 from rllib_recorder.errors import SchemaError
 from rllib_recorder.format.frames import (
+    DELTA_ATTR,
+    DELTA_KEY_ATTR,
     HEAD_PREFIX,
     decode_codes,
+    delta_key_rows,
     unstack_frames,
+    xor_decode,
 )
 from rllib_recorder.format.layout import ENCODING_ATTRS, FRAME_STACK_ATTR
 
@@ -23,9 +27,10 @@ def row_shape(dataset: h5py.Dataset) -> tuple[int, ...]:
 def read_rows(dataset: h5py.Dataset, rows: slice, decode: bool = True) -> np.ndarray:
     """Rows of a column as recorded: ``affine_uint8`` codes decoded to float32 (unless ``decode`` is False), the
     frame stacks of a frame-stacked step column rebuilt from its newest frames and its fragments' head frames."""
-    stack = dataset.attrs.get(FRAME_STACK_ATTR)
+    attrs = dataset.attrs
+    stack = attrs.get(FRAME_STACK_ATTR)
     if stack is None:
-        values = dataset[rows]
+        values = stored_rows(dataset, rows) if DELTA_ATTR in attrs else dataset[rows]
         return decode_uint8(dataset, values) if decode else values
     start, stop, step = rows.indices(dataset.shape[0])
     if step != 1:
@@ -42,12 +47,36 @@ def read_rows(dataset: h5py.Dataset, rows: slice, decode: bool = True) -> np.nda
     lo = max(int(np.searchsorted(first_rows, start, "right")) - 1, 0)
     hi = max(int(np.searchsorted(first_rows, stop, "left")), lo + 1)
     newest_start = max(start - int(stack) + 1, int(first_rows[lo]) if len(first_rows) else 0)
-    newest, head_frames = dataset[newest_start:stop], heads[lo:hi]
+    newest, head_frames = stored_rows(dataset, slice(newest_start, stop)), heads[lo:hi]
     if decode:
         newest, head_frames = decode_uint8(dataset, newest), decode_uint8(heads, head_frames)
     elif not same_encoding(dataset, heads):
         raise SchemaError(f"{dataset.name} and its head frames are stored in different encodings; read them decoded")
     return unstack_frames(newest, newest_start, head_frames, first_rows[lo:hi], start, stop)
+
+
+def stored_rows(dataset: h5py.Dataset, rows: slice) -> np.ndarray:
+    """Rows of a column as the writer was given them: a column stored as frame deltas (``frames.xor_encode``) is
+    read from the key row at or before ``rows.start`` and decoded (``frames.xor_decode``); others as they are."""
+    if dataset.attrs.get(DELTA_ATTR) is None:
+        return dataset[rows]
+    start, stop, step = rows.indices(dataset.shape[0])
+    if step != 1:
+        raise ValueError(f"column {dataset.name} stores frame deltas: it reads contiguous rows only (got step {step})")
+    stop = max(start, stop)
+    fragments = dataset.name.partition("/steps/")[0] + "/fragments"
+    if f"{fragments}/first_row" not in dataset.file or f"{fragments}/num_rows" not in dataset.file:
+        raise SchemaError(f"{dataset.file.filename}: {dataset.name} stores frame deltas, but {fragments}/first_row "
+                          "or num_rows is missing, so its rows can't be decoded; the file is damaged: move it out of "
+                          "the run directory to read the rest of the run")
+    first_rows = dataset.file[f"{fragments}/first_row"][:]
+    at = max(int(np.searchsorted(first_rows, start, "right")) - 1, 0)  # the fragment holding row start
+    hi = max(int(np.searchsorted(first_rows, stop, "left")), at + 1)
+    firsts, counts = first_rows[at:hi], dataset.file[f"{fragments}/num_rows"][at:hi]
+    keys = delta_key_rows(firsts, counts, 0, stop, int(dataset.attrs[DELTA_KEY_ATTR]))
+    before = keys[keys <= start]
+    key = int(before[-1]) if len(before) else start  # rows before any fragment (none in a sound file): as stored
+    return xor_decode(dataset[key:stop], keys[keys >= key], key)[start - key:]
 
 
 def same_encoding(a: h5py.Dataset, b: h5py.Dataset) -> bool:

@@ -142,3 +142,42 @@ def unstack_frames(newest: np.ndarray, newest_start: int, heads: np.ndarray, fir
         for j in range(k):  # K strided copies of whole frames: 3x faster than one copy of a sliding window view
             out[lo - start:hi - start, ..., j] = seq[j:j + hi - lo]
     return out
+
+
+# Frame deltas (schema 3.0). Consecutive Atari frames differ in a few pixels, so an image column of uint8 codes
+# (a stacked column's newest frames, or whole frames) stores each row XOR the row before it, except *key rows*
+# stored as they are: the first row of every fragment and every DELTA_KEY_ROWS-th row of a fragment after it. Mostly
+# zeros compress to half the bytes of the frames under the same gzip (docs/BENCHMARKS.md, 'Atari bytes per step'),
+# and a reader undoes it with one ``np.bitwise_xor.accumulate`` per run of rows between keys: any row is at most
+# DELTA_KEY_ROWS - 1 rows from a key, and a whole fragment (an episode's piece) is read from its own first row.
+DELTA_ATTR = "delta"  # value: DELTA_XOR
+DELTA_XOR = "xor_previous_row"
+DELTA_KEY_ATTR = "delta_key_rows"
+DELTA_KEY_ROWS = 128
+
+
+def delta_key_rows(first_rows: np.ndarray, num_rows: np.ndarray, start: int, stop: int, every: int) -> np.ndarray:
+    """The key rows in ``[start, stop)`` (sorted) of fragments starting at ``first_rows`` with ``num_rows`` rows."""
+    keys = [np.arange(first, first + n, every) for first, n in zip(first_rows.tolist(), num_rows.tolist())
+            if first < stop and first + n > start]
+    keys = np.concatenate(keys) if keys else np.zeros(0, np.int64)
+    return keys[(keys >= start) & (keys < stop)]
+
+
+def xor_encode(values: np.ndarray, lengths: Sequence[int], every: int) -> np.ndarray:
+    """Rows of consecutive fragments of ``lengths`` rows, each XOR the row before it but for key rows."""
+    out = np.empty_like(values)
+    np.bitwise_xor(values[1:], values[:-1], out=out[1:])
+    keys = delta_key_rows(fragment_starts(lengths), np.asarray(lengths), 0, len(values), every)
+    out[keys] = values[keys]
+    return out
+
+
+def xor_decode(stored: np.ndarray, keys: np.ndarray, start: int) -> np.ndarray:
+    """Rows ``start, start + 1, ...`` as recorded, from ``stored`` XOR rows whose first row is a key; ``keys``:
+    the key rows among them (absolute row numbers), sorted. Decodes in place and returns ``stored``."""
+    bounds = np.append(keys - start, len(stored))
+    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        if b - a > 1:
+            np.bitwise_xor.accumulate(stored[a:b], axis=0, out=stored[a:b])
+    return stored

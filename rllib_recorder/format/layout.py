@@ -10,11 +10,12 @@ from rllib_recorder.errors import SchemaError
 
 FORMAT_NAME = "rllib_recorder"
 
-SCHEMA_VERSION = "2.2"
+SCHEMA_VERSION = "3.0"
 
 # Majors this reader reads: 2.0 may store frame stacks as their newest frames (FRAME_STACK_ATTR), which a 1.x
-# reader would return as they are stored; 1.x files hold nothing a 2.0 reader reads differently.
-READABLE_MAJORS = ("1", "2")
+# reader would return as they are stored; 3.0 may store image columns as frame deltas (frames.DELTA_ATTR), which
+# a 2.x reader would return as they are stored; 1.x files hold nothing a later reader reads differently.
+READABLE_MAJORS = ("1", "2", "3")
 
 SENDER_ID_DTYPE = np.dtype("S32")
 
@@ -92,6 +93,12 @@ ENCODING_ATTRS = {
     "encoding": "'affine_uint8': the column stores uint8 codes of float32 values",
     "scale": "float32 value = code * scale + offset",
     "offset": "see scale",
+}
+
+# An image column stored as frame deltas (schema 3.0, ``frames.xor_encode``) has these attributes.
+DELTA_ATTRS = {
+    "delta": "'xor_previous_row': rows are stored as frame deltas",
+    "delta_key_rows": "a fragment's every this-many-th row (from its first) is stored as it is",
 }
 
 

@@ -10,6 +10,7 @@ import h5py
 import numpy as np
 
 from rllib_recorder.format.commits import commit_json, padded_commit, read_commit, write_commit_data
+from rllib_recorder.format.frames import DELTA_ATTR, DELTA_KEY_ATTR
 from rllib_recorder.format.layout import FRAME_STACK_ATTR, SCHEMA_VERSION
 
 
@@ -37,6 +38,12 @@ class OpenColumns:
         self._commit: dict[str, Any] | None = None
         self._commit_attr: Any = None
         self._commit_capacity = 0
+
+    @functools.cached_property
+    def stores_frame_deltas(self) -> bool:
+        """Whether the file's schema version has image columns stored as frame deltas (3.0; an earlier reader
+        would read such rows as they are stored)."""
+        return int(str(self.h5.attrs.get("schema_version", SCHEMA_VERSION)).split(".")[0]) >= 3
 
     @functools.cached_property
     def stores_frame_stacks(self) -> bool:
@@ -106,6 +113,7 @@ class Column:
     dtype: np.dtype
     encoding: tuple[np.float32, np.float32] | None
     stack: int | None = None  # frames per row of a frame-stacked column (FRAME_STACK_ATTR)
+    delta: int | None = None  # key rows of a column stored as frame deltas (DELTA_KEY_ATTR)
 
     @classmethod
     def of(cls, dataset: h5py.Dataset) -> "Column":
@@ -114,5 +122,6 @@ class Column:
         if attrs.get("encoding") == "affine_uint8":
             encoding = (np.float32(attrs["scale"]), np.float32(attrs["offset"]))
         stack = attrs.get(FRAME_STACK_ATTR)
+        delta = int(attrs[DELTA_KEY_ATTR]) if attrs.get(DELTA_ATTR) is not None else None
         return cls(dataset, dataset.shape[0], dataset.shape[1:], dataset.dtype, encoding,
-                   None if stack is None else int(stack))
+                   None if stack is None else int(stack), delta)

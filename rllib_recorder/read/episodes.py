@@ -65,6 +65,7 @@ class Fragments:
         infos = self.group["infos"][i:j] if "infos" in self.group else None
         kinds = self.group["start_state_kind"][i:j] if "start_state_kind" in self.group else None
         states = self.group["start_state"][i:j] if kinds is not None and any(kinds) else None  # one read a block
+        states = _resolved(self.group, states, i) if states is not None else None
         for k in range(i, j):
             a, b = int(first[k]) - lo, int(first[k] + num[k]) - lo
             held = {n: _rows(v, a, b) for n, v in columns.items()}
@@ -73,6 +74,27 @@ class Fragments:
             kind = kinds[k - i].decode() if kinds is not None else ""
             held["start_state"] = (kind, states[k - i].tobytes() if kind and states is not None else b"")
             self._held[k] = held
+
+
+def _resolved(group: Any, states: np.ndarray, i: int) -> list[np.ndarray]:
+    """Start states of fragment rows ``i, i + 1, ...`` as blobs that read on their own (``start_state.resolve``:
+    schema 3.0 stores most against an earlier one of their batch)."""
+    from rllib_recorder.errors import ReplayError
+    from rllib_recorder.format import start_state
+
+    out = []
+    for k, state in enumerate(states):
+        blob = state.tobytes()
+        try:
+            back = start_state.ref_back(blob) if len(blob) else 0
+            row = i + k - back
+            if back and row >= 0:
+                reference = states[row - i].tobytes() if row >= i else group["start_state"][row].tobytes()
+                blob = start_state.resolve(blob, reference)
+        except ReplayError:  # a damaged state: kept as stored, and named when something restores it
+            pass
+        out.append(np.frombuffer(blob, np.uint8))
+    return out
 
 
 def assemble(f: FileOfSteps, eps_id: str, agent: str, frags: dict[str, np.ndarray], where: Sequence[int],

@@ -44,7 +44,7 @@ def storage_options(config: RecorderConfig) -> datasets.StorageOptions:
     return datasets.StorageOptions(
         compression=config.compression, compression_level=config.compression_level,
         hdf5_chunk_bytes=config.hdf5_chunk_bytes, fsync=config.fsync, encode_uint8=config.encode_uint8,
-        stack_frames=config.stack_frames,
+        stack_frames=config.stack_frames, frame_delta=config.frame_delta,
         segment_bytes=config.segment_bytes if config.durable else 0, segment_s=config.segment_s if config.durable else 0,
     )
 
