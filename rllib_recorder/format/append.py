@@ -11,6 +11,7 @@ from typing import Any, Mapping
 import h5py
 import numpy as np
 
+from rllib_recorder.format import infos as infos_codec
 from rllib_recorder.format import repair as h5repair
 from rllib_recorder.format import start_state
 from rllib_recorder.format.chunks import Chunk, Stream, full_stacks, newest_frames
@@ -111,6 +112,7 @@ def append_chunk(
     commit["batches"] = batch_row + 1
     columns.write_commit(commit)
     _flush(h5, options)
+    columns.keep_state_references()  # committed: later appends may store their start states against these
     return {"rows": chunk.agent_steps, "batch_row": batch_row}
 
 
@@ -128,12 +130,20 @@ def _append_stream(
     stream = _stacks_as_stored(columns, steps, fragments, stream, rows, options)
     frag_cols = dict(stream.fragments)
     if columns.stores_frame_deltas and options.frame_delta and "start_state" in frag_cols:
-        frag_cols["start_state"] = _states_against_earlier(frag_cols["start_state"])
+        frag_cols["start_state"] = _states_against_earlier(frag_cols["start_state"], frags,
+                                                           columns.state_references(name))
+    if "infos" in frag_cols and _infos_compressed(columns, fragments):
+        frag_cols["infos"] = infos_codec.compress_all(frag_cols["infos"])
     frag_cols["first_row"] = fragment_starts(frag_cols["num_rows"], rows)
     frag_cols["batch"] = np.full(len(frag_cols["first_row"]), batch_row, dtype=np.int64)
     append_columns(columns, steps, stream.steps, rows, options, sent_encodings(stream, "steps"), stream.stacked,
                    fragment_lengths=np.asarray(frag_cols["num_rows"]))
     append_columns(columns, fragments, frag_cols, frags, options, sent_encodings(stream, "fragments"))
+    if "infos" in frag_cols and (name, "infos", "zlib") not in columns.containers_marked:
+        column = columns.column(fragments, "infos")
+        if h5py.check_vlen_dtype(column.dtype) == np.uint8 and column.dataset.attrs.get("encoding") is None:
+            column.dataset.attrs["encoding"] = infos_codec.ENCODING
+        columns.containers_marked.add((name, "infos", "zlib"))
     for path, kind in stream.containers.items():
         if (name, path, kind) in columns.containers_marked:
             continue
@@ -143,10 +153,17 @@ def _append_stream(
         columns.containers_marked.add((name, path, kind))
 
 
-def _states_against_earlier(states: np.ndarray) -> np.ndarray:
-    """One append's start states, each stored against an earlier alike one of the append (schema 3.0,
-    ``start_state.encode_batch``)."""
-    encoded = start_state.encode_batch([np.asarray(s, np.uint8).tobytes() for s in states])
+def _infos_compressed(columns: OpenColumns, fragments: h5py.Group) -> bool:
+    """Whether this file stores infos zlib-compressed (schema 3.0: a new column is; a 2.x file's column of JSON
+    strings stays so)."""
+    column = columns.column(fragments, "infos")
+    return columns.stores_frame_deltas if column is None else h5py.check_vlen_dtype(column.dtype) == np.uint8
+
+
+def _states_against_earlier(states: np.ndarray, first_row: int, plain: list) -> np.ndarray:
+    """One append's start states (its fragments from row ``first_row``), each stored against an earlier alike one
+    of the file (schema 3.0, ``start_state.encode_batch``; ``plain``: the file's plain states the writer keeps)."""
+    encoded = start_state.encode_batch([np.asarray(s, np.uint8).tobytes() for s in states], first_row, plain)
     out = np.empty(len(states), dtype=object)
     for i, blob in enumerate(encoded):
         out[i] = np.frombuffer(blob, np.uint8)

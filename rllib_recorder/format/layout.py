@@ -80,7 +80,8 @@ FRAGMENT_COLUMNS = {
     "has_last_obs": "the fragment stores its final observation",
     "env_t_last_obs": "multi-agent episodes (new stack, 2.2): env step of last_obs (-1: none)",
     "last_obs": "observation after the fragment's last step (nested: a group)",
-    "infos": "JSON list: the info of every observation of the fragment",
+    "infos": "JSON list: the info of every observation of the fragment (3.0: zlib-compressed bytes, attribute "
+             "encoding 'zlib_json')",
     "batch": "row in /batches of the chunk that carried the fragment",
     "start_state": "bytes: the env's state at the episode's start (first fragment only; empty: none)",
     "start_state_kind": "how start_state was captured: 'classic_control/1', 'ale/1', or '' (none)",

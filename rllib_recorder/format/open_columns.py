@@ -38,6 +38,10 @@ class OpenColumns:
         self._commit: dict[str, Any] | None = None
         self._commit_attr: Any = None
         self._commit_capacity = 0
+        # Per agent group: the plain start states this file holds, which later ones are stored against
+        # (start_state.encode_batch); an append's new ones count only once it is committed.
+        self._state_references: dict[str, list] = {}
+        self._pending_references: dict[str, list] = {}
 
     @functools.cached_property
     def stores_frame_deltas(self) -> bool:
@@ -66,6 +70,17 @@ class OpenColumns:
             self._commit_capacity = write_commit_data(self.h5, data)
             self._commit_attr = self.h5.attrs.get_id("commit")
         self._commit = commit
+
+    def state_references(self, agent_group: str) -> list:
+        """The plain start states (row, layout, arrays) of ``agent_group`` this file held at its last commit, as a
+        list the current append may extend (``keep_state_references`` keeps it once the append is committed)."""
+        pending = self._pending_references[agent_group] = list(self._state_references.get(agent_group, []))
+        return pending
+
+    def keep_state_references(self) -> None:
+        """The current append is committed: its plain start states may be referenced from now on."""
+        self._state_references.update(self._pending_references)
+        self._pending_references = {}
 
     def group(self, name: str) -> h5py.Group:
         """The group ``name`` (created if missing)."""
@@ -103,6 +118,7 @@ class OpenColumns:
         self._columns.clear()
         self.containers_marked.clear()
         self._commit, self._commit_attr = None, None
+        self._state_references, self._pending_references = {}, {}
 
 
 @dataclass

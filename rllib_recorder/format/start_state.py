@@ -65,10 +65,17 @@ def ref_back(state: bytes) -> int:
     return int(_unpack(state)[3])
 
 
-def encode_batch(states: list[bytes]) -> list[bytes]:
-    """One append's start states of one agent (in fragment order; empty: none), each big one stored XOR the
-    latest earlier one stored plain whose arrays are alike (names, dtypes, shapes), if any (``FLAG_XOR``)."""
-    out, plain = list(states), []  # plain: (index, layout, arrays) of the states kept as they are
+# Plain states an encoder keeps to XOR later ones against: one per layout, the newest, at most this many layouts.
+MAX_REFERENCES = 8
+
+
+def encode_batch(states: list[bytes], first_row: int = 0, plain: list[tuple[int, Any, Any]] | None = None
+                 ) -> list[bytes]:
+    """Start states of one agent at fragment rows ``first_row, first_row + 1, ...`` (empty: none), each big one
+    stored XOR the newest earlier one stored plain whose arrays are alike (names, dtypes, shapes), if any
+    (``FLAG_XOR``). ``plain``: (row, layout, arrays) of the plain states stored before in the same file, which the
+    call updates (kept by the writer for the file it has open, so that states reference across appends)."""
+    out, plain = list(states), plain if plain is not None else []
     for i, state in enumerate(states):
         if len(state) <= COMPRESS_ABOVE // 4 or state[:4] != MAGIC or ref_back(state):
             continue
@@ -79,10 +86,10 @@ def encode_batch(states: list[bytes]) -> list[bytes]:
         layout = [(name, value.dtype.str, value.shape) for name, value in arrays.items()]
         match = next((p for p in reversed(plain) if p[1] == layout), None)
         if match is None:
-            plain.append((i, layout, arrays))
+            plain[:] = [p for p in plain if p[1] != layout][-(MAX_REFERENCES - 1):] + [(first_row + i, layout, arrays)]
             continue
         xored = {name: _xor(value, match[2][name]) for name, value in arrays.items()}
-        out[i] = pack(xored, meta, xor=list(arrays), ref_back=i - match[0])
+        out[i] = pack(xored, meta, xor=list(arrays), ref_back=first_row + i - match[0])
     return out
 
 

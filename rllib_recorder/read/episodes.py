@@ -10,11 +10,11 @@ fragment, and a look-up in the whole index per episode).
 
 from __future__ import annotations
 
-import json
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from rllib_recorder.format import infos as infos_codec
 from rllib_recorder.format.lag import step_lags
 from rllib_recorder.read.records import Episode, FileOfSteps
 
@@ -41,6 +41,7 @@ class Fragments:
         self.rows_per_block = int(min(BLOCK_ROWS, max(1, BLOCK_BYTES // max(row_bytes, 1))))
         self.only, self.decode = only, decode
         self._held: dict[int, dict[str, Any]] = {}
+        self._references: dict[int, bytes] = {}  # start states others are stored against, by fragment row
 
     def take(self, i: int) -> dict[str, Any]:
         if i not in self._held:
@@ -63,22 +64,23 @@ class Fragments:
         last_obs = (self._read_node(self.group["last_obs"], slice(i, j), self.decode) if "last_obs" in self.group
                     else None)
         infos = self.group["infos"][i:j] if "infos" in self.group else None
+        coding = self.group["infos"].attrs.get("encoding") if infos is not None else None
         kinds = self.group["start_state_kind"][i:j] if "start_state_kind" in self.group else None
         states = self.group["start_state"][i:j] if kinds is not None and any(kinds) else None  # one read a block
-        states = _resolved(self.group, states, i) if states is not None else None
+        states = _resolved(self.group, states, i, self._references) if states is not None else None
         for k in range(i, j):
             a, b = int(first[k]) - lo, int(first[k] + num[k]) - lo
             held = {n: _rows(v, a, b) for n, v in columns.items()}
             held["last_obs"] = _rows(last_obs, k - i, k - i + 1) if last_obs is not None else None
-            held["infos"] = json.loads(infos[k - i]) if infos is not None else None
+            held["infos"] = infos_codec.loads(infos[k - i], coding) if infos is not None else None
             kind = kinds[k - i].decode() if kinds is not None else ""
             held["start_state"] = (kind, states[k - i].tobytes() if kind and states is not None else b"")
             self._held[k] = held
 
 
-def _resolved(group: Any, states: np.ndarray, i: int) -> list[np.ndarray]:
+def _resolved(group: Any, states: np.ndarray, i: int, references: dict[int, bytes]) -> list[np.ndarray]:
     """Start states of fragment rows ``i, i + 1, ...`` as blobs that read on their own (``start_state.resolve``:
-    schema 3.0 stores most against an earlier one of their batch)."""
+    schema 3.0 stores most against an earlier one of their file); ``references``: those read before, by row."""
     from rllib_recorder.errors import ReplayError
     from rllib_recorder.format import start_state
 
@@ -89,8 +91,11 @@ def _resolved(group: Any, states: np.ndarray, i: int) -> list[np.ndarray]:
             back = start_state.ref_back(blob) if len(blob) else 0
             row = i + k - back
             if back and row >= 0:
-                reference = states[row - i].tobytes() if row >= i else group["start_state"][row].tobytes()
-                blob = start_state.resolve(blob, reference)
+                if row not in references:
+                    if len(references) >= 64:
+                        references.clear()
+                    references[row] = states[row - i].tobytes() if row >= i else group["start_state"][row].tobytes()
+                blob = start_state.resolve(blob, references[row])
         except ReplayError:  # a damaged state: kept as stored, and named when something restores it
             pass
         out.append(np.frombuffer(blob, np.uint8))
