@@ -26,8 +26,11 @@ def rollout(env, actions):
     return out
 
 
-@pytest.mark.parametrize("make", [lambda: gym.make("CartPole-v1"),
-                                  lambda: make_atari_env("ALE/Breakout-v5", 84, 4, {})], ids=["cartpole", "breakout"])
+@pytest.mark.parametrize("make", [
+    lambda: gym.make("CartPole-v1"),
+    lambda: make_atari_env("ALE/Breakout-v5", 84, 4, {}),  # no sticky actions: ALE's generator left out
+    lambda: make_atari_env("ALE/Breakout-v5", 84, 4, {"repeat_action_probability": 0.25}),  # kept: it decides
+], ids=["cartpole", "breakout", "breakout-sticky"])
 def test_restored_env_repeats_the_captured_future_exactly(make):
     env = make()
     env.reset(seed=3)
@@ -41,6 +44,9 @@ def test_restored_env_repeats_the_captured_future_exactly(make):
     envstate.restore(fresh, kind, state)
     got = rollout(fresh, actions)
     assert kind == (start_state.KIND_ALE if "Breakout" in str(env.spec) else start_state.KIND_CLASSIC)
+    if kind == start_state.KIND_ALE:  # the generator's 7 kB are in the state only where sticky actions need them
+        sticky = env.unwrapped.ale.getFloat("repeat_action_probability") > 0
+        assert (len(start_state.unpack(state)[0]["ale"]) > 12_000) == sticky
     assert len(got) == len(expected) > 1
     for (obs_e, *rest_e), (obs_g, *rest_g) in zip(expected, got):
         np.testing.assert_array_equal(obs_g, obs_e)

@@ -130,7 +130,7 @@ class _Plan:
     keeps an env alive (an env RLlib recreates gets a new plan; the old one goes with its env).
     """
 
-    __slots__ = ("kind", "layers", "base", "base_attrs", "env")
+    __slots__ = ("kind", "layers", "base", "base_attrs", "env", "ale_rng")
 
     def __init__(self, env: Any, weak: bool) -> None:
         ref = weakref.ref if weak else _Strong
@@ -145,6 +145,10 @@ class _Plan:
         self.base = ref(base)
         self.base_attrs = () if self.kind == KIND_ALE else tuple(n for n in CLASSIC_ATTRS if hasattr(base, n))
         self.env: Any = None
+        # ALE draws from its own generator on every frame, but only sticky actions (repeat_action_probability > 0)
+        # let the draw change anything; without them the generator's state (7 kB of decimal text, new at every
+        # episode start) is left out of the captured state, which then repeats but 100 bytes of the one before.
+        self.ale_rng = self.kind != KIND_ALE or _sticky_actions(base)
 
     def capture(self) -> Captured | None:
         """The env's state as it is now (``capture_state``); None if the env is gone. One call does all the
@@ -159,9 +163,18 @@ class _Plan:
         rng = getattr(base, "_np_random", None)  # gymnasium's Env keeps its generator there (None before seeding)
         rng = None if rng is None else rng.bit_generator.state
         if self.kind == KIND_ALE:
-            return Captured(KIND_ALE, self, (layer_values, rng, base.ale.cloneState(include_rng=True).serialize(), ()))
+            return Captured(KIND_ALE, self, (layer_values, rng, base.ale.cloneState(include_rng=self.ale_rng).serialize(),
+                                             ()))
         return Captured(KIND_CLASSIC, self,
                         (layer_values, rng, np.array(base.state), [_snap(getattr(base, n)) for n in self.base_attrs]))
+
+
+def _sticky_actions(base: Any) -> bool:
+    """Whether an ALE env repeats actions at random (its generator then shapes the episode); True when unsure."""
+    try:
+        return float(base.ale.getFloat("repeat_action_probability")) > 0.0
+    except Exception:  # noqa: BLE001 - an ALE without the setting: keep the generator
+        return True
 
 
 class _Strong:
