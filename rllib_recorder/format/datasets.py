@@ -59,7 +59,9 @@ MAX_CHUNK_ROWS = 1024
 # compressing their partial chunks on every flush was half of a CartPole append's writer CPU (3.99 -> 1.97 ms per
 # 600-row append; docs/BENCHMARKS.md): their columns of small rows are stored without a filter, in chunks of
 # INDEX_CHUNK_ROWS rows, which bounds the space an unfiltered chunk holds before it fills.
-INDEX_CHUNK_ROWS = 256
+# 64 rows, not 256: a file's ~35 index columns allocate a whole chunk each from their first row, 70 kB of a young
+# Atari run's 1,000-step file at 256 rows (docs/BENCHMARKS.md, 'Atari bytes per step').
+INDEX_CHUNK_ROWS = 64
 
 INDEX_PLAIN_ROW_BYTES = 64
 

@@ -216,9 +216,9 @@ class RecordingWriter:
             self._totals["segments_sealed"] += 1
 
     def _compact_if_worth(self, path: str, data: int) -> None:
-        """A closed file whose dead space is worth a quarter of its data is worth one copy (small files too:
-        copying a few MiB takes milliseconds)."""
-        if _path_size(path) - data > max(data // 4, 64 << 10):
+        """A closed file whose dead space is worth a sixteenth of its data is worth one copy, as it stays as it is
+        from now on (small files too: copying a few MiB takes milliseconds)."""
+        if _path_size(path) - data > max(data // 16, 32 << 10):
             self._compact_closed(path)
 
     def _data_bytes(self, key: tuple[int, bool], h5: h5py.File) -> int:
