@@ -22,33 +22,65 @@ from rllib_recorder.read.records import Episode, FileOfSteps
 BLOCK_ROWS = 65_536
 BLOCK_BYTES = 16 << 20
 STEP_NAMES = ("obs", "actions", "rewards", "terminateds", "truncateds", "t", "weights_seq_no", "env_t")
+# The episode index columns streaming reads up front (module ids, strings, when an episode is first asked for one).
+INDEX_NAMES = ("eps_id", "t_start", "num_rows", "first_row", "batch", "has_last_obs", "env_t_last_obs", "terminated",
+               "truncated")
+# What ``episodes(columns=...)`` may ask for: the step columns, and what each fragment stores beside its rows.
+EPISODE_COLUMNS = (*STEP_NAMES, "extra_model_outputs", "infos", "policy_lag", "start_state")
 
 
 class Fragments:
-    """The rows of an agent's fragments, read in blocks of consecutive fragments and handed out one fragment at a
-    time (``take(i)`` forgets what it hands out). ``only`` reads just those fragments (random access)."""
+    """The rows of an agent's fragments, read in blocks of consecutive fragments (``_Block``) and handed out one
+    fragment at a time: ``view(i)`` as a place in its block, ``take(i)`` as a dict of its rows (both forget what
+    they hand out). ``only`` reads just those fragments (random access); ``columns`` reads only those step columns
+    (``EPISODE_COLUMNS``; ``rewards`` always)."""
 
     def __init__(self, f: FileOfSteps, agent: str, frags: dict[str, np.ndarray], row_bytes: int,
-                 only: Sequence[int] | None = None, decode: bool = True) -> None:
+                 only: Sequence[int] | None = None, decode: bool = True, learner: np.ndarray | None = None,
+                 columns: Sequence[str] | None = None) -> None:
         from rllib_recorder.read.worker_file import read_node
 
         self._read_node = read_node
         self.frags = frags
         self.steps = f.h5[f"agents/{agent}/steps"]
         self.group = f.h5[f"agents/{agent}/fragments"]
-        self.names = [n for n in STEP_NAMES if n in self.steps]
-        self.extras = list(self.steps["extra_model_outputs"]) if "extra_model_outputs" in self.steps else []
+        wanted = set(EPISODE_COLUMNS if columns is None else [*columns, "rewards"])
+        if "policy_lag" in wanted:
+            wanted.add("weights_seq_no")
+        self.names = [n for n in STEP_NAMES if n in self.steps and n in wanted]
+        self.extras = (list(self.steps["extra_model_outputs"]) if "extra_model_outputs" in self.steps
+                       and "extra_model_outputs" in wanted else [])
+        self.wanted = wanted
+        self.states_wanted = "start_state" in wanted
+        self.learner = learner
         self.rows_per_block = int(min(BLOCK_ROWS, max(1, BLOCK_BYTES // max(row_bytes, 1))))
         self.only, self.decode = only, decode
-        self._held: dict[int, dict[str, Any]] = {}
+        self._block: _Block | None = None  # the block read last
+        self._modules: list[str] | None = None
         self._references: dict[int, bytes] = {}  # start states others are stored against, by fragment row
 
-    def take(self, i: int) -> dict[str, Any]:
-        if i not in self._held:
-            self._read_from(i)
-        return self._held.pop(i)
+    def block(self, i: int) -> "_Block":
+        """The block holding fragment ``i`` (the one read last, or the next one read from ``i``)."""
+        block = self._block
+        if block is None or not block.i <= i < block.j:
+            block = self._block = self._read_from(i)
+        return block
 
-    def _read_from(self, i: int) -> None:
+    def take(self, i: int) -> dict[str, Any]:
+        """Fragment ``i``'s rows, last observation, infos and start state, as a dict."""
+        return self.block(i).part(i)
+
+    def module_ids(self) -> list[str]:
+        """Every fragment's module id (read once, when first asked for)."""
+        if self._modules is None:
+            column = self.frags.get("module_id")
+            n = len(self.frags["eps_id"])
+            if column is None:
+                column = self.group["module_id"][:n] if "module_id" in self.group else [""] * n
+            self._modules = [_text(m) for m in column]
+        return self._modules
+
+    def _read_from(self, i: int) -> "_Block":
         """Reads fragment ``i`` and, streaming, the fragments after it up to a block's rows."""
         first, num = self.frags["first_row"], self.frags["num_rows"]
         j = i + 1
@@ -61,21 +93,140 @@ class Fragments:
         columns = {n: self._read_node(self.steps[n], rows, self.decode) for n in self.names}
         columns.update({"extra_model_outputs/" + k: self._read_node(self.steps["extra_model_outputs"][k], rows)
                         for k in self.extras})
-        last_obs = (self._read_node(self.group["last_obs"], slice(i, j), self.decode) if "last_obs" in self.group
-                    else None)
-        infos = self.group["infos"][i:j] if "infos" in self.group else None
+        last_obs = (self._read_node(self.group["last_obs"], slice(i, j), self.decode)
+                    if "last_obs" in self.group and "obs" in self.wanted else None)
+        infos = self.group["infos"][i:j] if "infos" in self.group and "infos" in self.wanted else None
         coding = self.group["infos"].attrs.get("encoding") if infos is not None else None
-        kinds = self.group["start_state_kind"][i:j] if "start_state_kind" in self.group else None
+        kinds = self.group["start_state_kind"][i:j] if "start_state_kind" in self.group and self.states_wanted \
+            else None
         states = self.group["start_state"][i:j] if kinds is not None and any(kinds) else None  # one read a block
         states = _resolved(self.group, states, i, self._references) if states is not None else None
-        for k in range(i, j):
-            a, b = int(first[k]) - lo, int(first[k] + num[k]) - lo
-            held = {n: _rows(v, a, b) for n, v in columns.items()}
-            held["last_obs"] = _rows(last_obs, k - i, k - i + 1) if last_obs is not None else None
-            held["infos"] = infos_codec.loads(infos[k - i], coding) if infos is not None else None
-            kind = kinds[k - i].decode() if kinds is not None else ""
-            held["start_state"] = (kind, states[k - i].tobytes() if kind and states is not None else b"")
-            self._held[k] = held
+        return _Block(self.frags, i, j, lo, columns, last_obs, infos, coding, kinds, states, self.learner,
+                      "policy_lag" in self.wanted, self.module_ids)
+
+
+class _Block:
+    """Consecutive fragments ``[i, j)`` as read: their step rows from row ``lo`` (``columns``), last observations,
+    infos as stored and start states; an episode of one of them is a view into it (``EpisodeView``)."""
+
+    __slots__ = ("frags", "i", "j", "lo", "columns", "last_obs", "infos", "coding", "kinds", "states", "learner",
+                 "with_lag", "modules", "_obs", "_lags")
+
+    def __init__(self, frags: dict[str, np.ndarray], i: int, j: int, lo: int, columns: dict[str, Any],
+                 last_obs: Any, infos: Any, coding: Any, kinds: Any, states: Any, learner: np.ndarray | None,
+                 with_lag: bool, modules: Any) -> None:
+        self.modules = modules
+        self.frags, self.i, self.j, self.lo, self.columns = frags, i, j, lo, columns
+        self.last_obs, self.infos, self.coding, self.kinds, self.states = last_obs, infos, coding, kinds, states
+        self.learner, self.with_lag = learner, with_lag
+        self._obs: tuple[Any, np.ndarray] | None = None  # obs with each fragment's last row put after its rows
+        self._lags: np.ndarray | None = None
+
+    def rows(self, k: int) -> tuple[int, int]:
+        a = int(self.frags["first_row"][k]) - self.lo
+        return a, a + int(self.frags["num_rows"][k])
+
+    def has_last(self, k: int) -> bool:
+        return self.last_obs is not None and bool(self.frags["has_last_obs"][k])
+
+    def obs(self, k: int) -> Any:
+        """Fragment ``k``'s observations, its last one after them when stored: a view into the block's obs with
+        every fragment's last observation put in place (made once a block, one copy)."""
+        if self._obs is None:
+            first = self.frags["first_row"][self.i:self.i + _count(self.last_obs)] - self.lo
+            num = self.frags["num_rows"][self.i:self.i + _count(self.last_obs)]
+            has = self.frags["has_last_obs"][self.i:self.i + len(num)].astype(bool) if self.last_obs is not None \
+                else np.zeros(0, bool)
+            ends = (first + num)[has]
+            obs = self.columns["obs"] if not len(ends) else _insert(self.columns["obs"], ends,
+                                                                     _pick(self.last_obs, np.flatnonzero(has)))
+            shift = np.concatenate([[0], np.cumsum(has)]) if len(has) else np.zeros(1, np.int64)
+            self._obs = (obs, shift)
+        obs, shift = self._obs
+        a, b = self.rows(k)
+        at = a + int(shift[k - self.i]) if k - self.i < len(shift) else a
+        return _rows(obs, at, b + (at - a) + int(self.has_last(k)))
+
+    def policy_lag(self, k: int) -> np.ndarray:
+        if self._lags is None:
+            versions = self.columns["weights_seq_no"]
+            frags = self.frags
+            if self.learner is None:
+                self._lags = np.full(len(versions), -1, np.int64)
+            else:
+                i, n = self.i, len(versions)
+                count = int(np.searchsorted(frags["first_row"], self.lo + n, "left")) - i
+                learner_rows = np.repeat(self.learner[frags["batch"][i:i + count]].astype(np.int64),
+                                         frags["num_rows"][i:i + count])
+                self._lags = step_lags(learner_rows[:n], versions)
+        a, b = self.rows(k)
+        return self._lags[a:b]
+
+    def infos_of(self, k: int) -> Any:
+        return infos_codec.loads(self.infos[k - self.i], self.coding) if self.infos is not None else None
+
+    def start_state(self, k: int) -> tuple[str, bytes]:
+        kind = self.kinds[k - self.i].decode() if self.kinds is not None else ""
+        return kind, (self.states[k - self.i].tobytes() if kind and self.states is not None else b"")
+
+    def part(self, k: int) -> dict[str, Any]:
+        """Fragment ``k`` as a dict: its step rows, ``last_obs``, ``infos``, ``start_state`` (for stitching)."""
+        a, b = self.rows(k)
+        held = {n: _rows(v, a, b) for n, v in self.columns.items()}
+        held["last_obs"] = (_rows(self.last_obs, k - self.i, k - self.i + 1) if self.last_obs is not None else None)
+        held["infos"] = self.infos_of(k)
+        held["start_state"] = self.start_state(k)
+        return held
+
+
+class EpisodeView:
+    """The fields of an episode whose steps are one fragment, made from its block when first asked for."""
+
+    __slots__ = ("block", "k")
+
+    def __init__(self, block: _Block, k: int) -> None:
+        self.block, self.k = block, k
+
+    def pop(self, name: str, default: Any = None) -> Any:
+        """A maker of field ``name`` (Episode's lazy protocol), or ``default`` when the block does not hold it."""
+        block, k = self.block, self.k
+        if name == "obs" and "obs" in block.columns:
+            return lambda: block.obs(k)
+        if name in block.columns:
+            return lambda: _rows(block.columns[name], *block.rows(k))
+        if name == "extra_model_outputs":
+            return lambda: {c.partition("/")[2]: _rows(v, *block.rows(k)) for c, v in block.columns.items()
+                            if c.startswith("extra_model_outputs/")}
+        if name == "policy_lag" and block.with_lag and "weights_seq_no" in block.columns:
+            return lambda: block.policy_lag(k)
+        if name == "infos" and block.infos is not None:
+            return lambda: block.infos_of(k)
+        if name == "module_id":
+            return lambda: block.modules()[k]
+        return default
+
+
+def _count(value: Any) -> int:
+    while isinstance(value, (dict, tuple)):
+        value = next(iter(value.values())) if isinstance(value, dict) else value[0]
+    return 0 if value is None else len(value)
+
+
+def _pick(value: Any, index: np.ndarray) -> Any:
+    if isinstance(value, dict):
+        return {key: _pick(v, index) for key, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_pick(v, index) for v in value)
+    return value[index]
+
+
+def _insert(value: Any, at: np.ndarray, rows: Any) -> Any:
+    """``value`` with ``rows`` put before rows ``at`` (one copy)."""
+    if isinstance(value, dict):
+        return {key: _insert(v, at, rows[key]) for key, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_insert(v, at, r) for v, r in zip(value, rows))
+    return np.insert(value, at, rows, axis=0)
 
 
 def _resolved(group: Any, states: np.ndarray, i: int, references: dict[int, bytes]) -> list[np.ndarray]:
@@ -103,23 +254,32 @@ def _resolved(group: Any, states: np.ndarray, i: int, references: dict[int, byte
 
 
 def assemble(f: FileOfSteps, eps_id: str, agent: str, frags: dict[str, np.ndarray], where: Sequence[int],
-             parts: Sequence[dict[str, Any]], learner: np.ndarray | None) -> Episode:
-    """An episode from its fragments' rows ``parts`` (in ``t_start`` order, fragment rows ``where``)."""
-    cat = lambda name: concat_values([p[name] for p in parts])  # noqa: E731
+             parts: Sequence[dict[str, Any]], learner: np.ndarray | None, module_id: str | None = None) -> Episode:
+    """An episode from its fragments' rows ``parts`` (in ``t_start`` order, fragment rows ``where``); a column
+    the parts do not hold (``episodes(columns=...)``) is left out (empty). ``module_id``: when ``frags`` lacks it."""
+    def cat(name: str) -> Any:
+        return concat_values([p[name] for p in parts])
+
     last = where[-1]
-    obs = cat("obs")
-    if frags["has_last_obs"][last] and parts[-1]["last_obs"] is not None:
-        obs = concat_values([obs, parts[-1]["last_obs"]])
-    infos = None
+    values: dict[str, Any] = {name: cat(name) for name in ("actions", "rewards", "terminateds", "truncateds", "t",
+                                                          "weights_seq_no") if name in parts[0]}
+    if "obs" in parts[0]:
+        obs = cat("obs")
+        if frags["has_last_obs"][last] and parts[-1]["last_obs"] is not None:
+            obs = concat_values([obs, parts[-1]["last_obs"]])
+        values["obs"] = obs
     if parts[0]["infos"] is not None:
-        infos = []
+        infos: list[Any] = []
         for p in parts:
             infos.extend(p["infos"] if not infos else p["infos"][1:])
-    kind, state = parts[0]["start_state"] if frags["t_start"][where[0]] == 0 else ("", b"")
-    versions = cat("weights_seq_no")
-    learner_rows = (np.repeat(learner[frags["batch"][where]].astype(np.int64), frags["num_rows"][where])
-                    if learner is not None else np.full(len(versions), -1))
-    env_t = np.zeros(0, np.int64)
+        values["infos"] = infos
+    values["start_state_kind"], values["start_state"] = (parts[0]["start_state"] if frags["t_start"][where[0]] == 0
+                                                         else ("", b""))
+    if "weights_seq_no" in values:
+        versions = values["weights_seq_no"]
+        learner_rows = (np.repeat(learner[frags["batch"][where]].astype(np.int64), frags["num_rows"][where])
+                        if learner is not None else np.full(len(versions), -1))
+        values["policy_lag"] = step_lags(learner_rows, versions)
     if "env_t" in parts[0] and "env_t_last_obs" in frags:
         pieces = []
         for j, p in enumerate(parts):
@@ -129,45 +289,65 @@ def assemble(f: FileOfSteps, eps_id: str, agent: str, frags: dict[str, np.ndarra
             pieces.append(piece)
         if frags["env_t_last_obs"][last] >= 0:
             pieces.append(np.array([frags["env_t_last_obs"][last]], np.int64))
-        env_t = np.concatenate(pieces)
+        values["env_t"] = np.concatenate(pieces)
+    values["extra_model_outputs"] = {k.partition("/")[2]: cat(k) for k in parts[0] if k.startswith("extra_model_outputs/")}
     module = frags.get("module_id")
-    return Episode(
-        eps_id=eps_id, agent_id=agent, worker_index=f.worker_index, obs=obs, env_t=env_t,
-        start_state_kind=kind, start_state=state, policy_lag=step_lags(learner_rows, versions),
-        actions=cat("actions"), rewards=cat("rewards"), terminateds=cat("terminateds"),
-        truncateds=cat("truncateds"), t=cat("t"), weights_seq_no=versions,
-        extra_model_outputs={k.partition("/")[2]: cat(k) for k in parts[0] if k.startswith("extra_model_outputs/")},
-        infos=infos, module_id=_text(module[last]) if module is not None else "",
-    )
+    values["module_id"] = module_id if module_id is not None else _text(module[last]) if module is not None else ""
+    return Episode(eps_id=eps_id, agent_id=agent, worker_index=f.worker_index, **values)
 
 
 def iter_episodes(f: FileOfSteps, agent: str, frags: dict[str, np.ndarray], row_bytes: int,
-                  learner: np.ndarray | None, decode: bool = True) -> Iterator[Episode]:
-    """Every episode of ``agent`` in ``f``, streamed (module docstring), in the order its first fragment was stored."""
+                  learner: np.ndarray | None, decode: bool = True,
+                  columns: Sequence[str] | None = None) -> Iterator[Episode]:
+    """Every episode of ``agent`` in ``f``, streamed (module docstring), in the order its first fragment was stored.
+
+    An episode whose steps are one fragment (most are) is a view into its block, its fields made when asked for
+    (``EpisodeView``); one of several fragments is stitched (copied) once its last fragment is read. ``columns``:
+    the step columns to read (``EPISODE_COLUMNS``); the others come empty."""
     n = len(frags["eps_id"])
     if not n:
         return
-    ids, first_index, inverse = np.unique(frags["eps_id"], return_index=True, return_inverse=True)
+    ids, first_index, inverse, counts = np.unique(frags["eps_id"], return_index=True, return_inverse=True,
+                                                  return_counts=True)
     last_of = np.full(len(ids), -1, np.int64)
     np.maximum.at(last_of, inverse, np.arange(n))
     rank = np.empty(len(ids), np.int64)
     rank[np.argsort(first_index, kind="stable")] = np.arange(len(ids))
-    reader = Fragments(f, agent, frags, row_bytes, decode=decode)
+    alone = (counts[inverse] == 1) & ("env_t" not in f.h5[f"agents/{agent}/steps"])
+    reader = Fragments(f, agent, frags, row_bytes, decode=decode, learner=learner, columns=columns)
+    names = [eps.decode() for eps in ids.tolist()]
+    worker = f.worker_index
     open_: dict[int, list[int]] = {}
     held: dict[int, list[dict[str, Any]]] = {}
     ready: dict[int, Episode] = {}
     next_rank = 0
+    inverse_list, rank_list, alone_list = inverse.tolist(), rank.tolist(), alone.tolist()
+    starts, lengths = frags["t_start"].tolist(), frags["num_rows"].tolist()
+    states = reader.states_wanted
     for i in range(n):
-        e = int(inverse[i])
-        open_.setdefault(e, []).append(i)
-        held.setdefault(e, []).append(reader.take(i))
-        if i != last_of[e]:
-            continue
-        where, parts = open_.pop(e), held.pop(e)
-        if len(where) > 1:
-            order = np.argsort(frags["t_start"][where], kind="stable")
-            where, parts = [where[k] for k in order], [parts[k] for k in order]
-        ready[int(rank[e])] = assemble(f, ids[e].decode(), agent, frags, where, parts, learner)
+        e = inverse_list[i]
+        if alone_list[i]:  # the whole episode in one fragment: a view, nothing copied or parsed yet
+            block = reader.block(i)
+            values = {"eps_id": names[e], "agent_id": agent, "worker_index": worker}
+            if states and starts[i] == 0:
+                values["start_state_kind"], values["start_state"] = block.start_state(i)
+            episode = Episode._of(values, EpisodeView(block, i), lengths[i])
+            if rank_list[e] == next_rank and not ready:
+                yield episode
+                next_rank += 1
+                continue
+            ready[rank_list[e]] = episode
+        else:
+            open_.setdefault(e, []).append(i)
+            held.setdefault(e, []).append(reader.take(i))
+            if i != last_of[e]:
+                continue
+            where, parts = open_.pop(e), held.pop(e)
+            if len(where) > 1:
+                order = np.argsort(frags["t_start"][where], kind="stable")
+                where, parts = [where[k] for k in order], [parts[k] for k in order]
+            ready[rank_list[e]] = assemble(f, names[e], agent, frags, where, parts, learner,
+                                           reader.module_ids()[where[-1]])
         while next_rank in ready:
             yield ready.pop(next_rank)
             next_rank += 1

@@ -16,35 +16,73 @@ from rllib_recorder.errors import ConversionError
 FileOfSteps = Any
 
 
-@dataclass(frozen=True)
+# An Episode's fields, in the order its repr and equality know them, with the default of those that may be left out.
+EPISODE_FIELDS = ("eps_id", "agent_id", "worker_index", "obs", "actions", "rewards", "terminateds", "truncateds", "t",
+                  "weights_seq_no", "extra_model_outputs", "infos", "module_id", "start_state_kind", "start_state",
+                  "policy_lag", "env_t")
+_DEFAULTS = {"extra_model_outputs": dict, "infos": lambda: None, "module_id": str, "start_state_kind": str,
+             "start_state": bytes, "policy_lag": lambda: np.zeros(0, np.int64), "env_t": lambda: np.zeros(0, np.int64)}
+
+
 class Episode:
     """One agent's episode, stitched from its fragments; arrays are numpy.
 
-    ``obs`` has one more row than ``actions`` when the last observation is stored;
-    ``next_obs`` is ``obs[1:]``. Nested observations are dicts/tuples of arrays.
+    ``obs`` has one more row than ``actions`` when the last observation is stored; ``next_obs`` is ``obs[1:]``.
+    Nested observations are dicts/tuples of arrays. ``env_t`` (multi-agent episodes, new stack, schema 2.2): the
+    env step of each observation in ``obs``; else empty. ``policy_lag``: learner minus behaviour version per step.
+
+    Read, immutable. An episode streamed by ``run.episodes()`` whose steps sit in one fragment holds views into the
+    block of columns it was read with (no copy; it keeps that block alive while it lives) and makes each field
+    when first asked for (``infos`` is parsed then): building one costs about a microsecond.
     """
 
-    eps_id: str
-    agent_id: str
-    worker_index: int
-    obs: Any
-    actions: Any
-    rewards: np.ndarray
-    terminateds: np.ndarray
-    truncateds: np.ndarray
-    t: np.ndarray
-    weights_seq_no: np.ndarray
-    extra_model_outputs: dict[str, Any] = field(default_factory=dict)
-    infos: list[Any] | None = None
-    module_id: str = ""
-    start_state_kind: str = ""
-    start_state: bytes = field(default=b"", repr=False)
-    policy_lag: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
-    # Multi-agent episodes (new stack, schema 2.2): the env step of each observation in ``obs``; else empty.
-    env_t: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    __slots__ = ("_values", "_make", "_n")
+
+    def __init__(self, *, eps_id: str, agent_id: str, worker_index: int, lazy: Any = None, **values: Any) -> None:
+        """``lazy``: makers of fields not given, by name (a dict of callables, or anything whose ``pop(name,
+        None)`` gives one); a field neither given nor made takes its default (empty)."""
+        unknown = set(values) - set(EPISODE_FIELDS)
+        if unknown:
+            raise TypeError(f"Episode got unknown fields {sorted(unknown)}")
+        object.__setattr__(self, "_values", {"eps_id": eps_id, "agent_id": agent_id, "worker_index": worker_index,
+                                             **values})
+        object.__setattr__(self, "_make", lazy or {})
+        object.__setattr__(self, "_n", None)
+
+    @classmethod
+    def _of(cls, values: dict[str, Any], lazy: Any, n: int) -> "Episode":
+        """An episode of ``n`` steps from ready ``values`` (eps_id, agent_id, worker_index and any others) and
+        makers of the rest: the reader's fast path, no checks."""
+        episode = object.__new__(cls)
+        object.__setattr__(episode, "_values", values)
+        object.__setattr__(episode, "_make", lazy)
+        object.__setattr__(episode, "_n", n)
+        return episode
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        values = self._values
+        if name not in values:
+            make = self._make.pop(name, None)
+            if make is not None:
+                values[name] = make()
+            elif name in _DEFAULTS:
+                values[name] = _DEFAULTS[name]()
+            elif name in EPISODE_FIELDS:
+                raise AttributeError(f"Episode has no {name!r}")
+            else:
+                raise AttributeError(f"'Episode' object has no attribute {name!r}")
+        return values[name]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"an Episode is read-only: can't set {name!r}")
+
+    def __reduce__(self) -> Any:
+        return _episode, ({name: getattr(self, name) for name in EPISODE_FIELDS},)
 
     def __len__(self) -> int:
-        return len(self.rewards)
+        return self._n if self._n is not None else len(self.rewards)
 
     @property
     def next_obs(self) -> Any:
@@ -70,6 +108,10 @@ class Episode:
         shapes = map_arrays(lambda a: f"{a.dtype}{list(a.shape)}", self.obs)
         return (f"Episode(eps_id={self.eps_id!r}, agent_id={self.agent_id!r}, worker={self.worker_index}, "
                 f"len={len(self)}, return={self.episode_return:.3g}, obs={shapes})")
+
+
+def _episode(values: dict[str, Any]) -> Episode:
+    return Episode(**values)
 
 
 @dataclass(frozen=True)

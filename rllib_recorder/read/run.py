@@ -128,15 +128,20 @@ class Run:
     def num_env_steps(self) -> int:
         return sum(int(f.batches()["env_steps"].sum()) for f in self.files if f.commit["batches"])
 
-    def episodes(self, *, decode: bool = True, evaluation: bool | None = False) -> Iterator[Episode]:
+    def episodes(self, *, decode: bool = True, evaluation: bool | None = False,
+                 columns: Sequence[str] | None = None) -> Iterator[Episode]:
         """Every agent episode, file by file, in the order their first fragment was stored, streamed (memory holds
         a block and the open episodes); ``decode`` False: image observations stored as uint8 codes (Atari frames)
-        stay codes, stacks rebuilt (``WorkerFile.encoding`` says how to decode them)."""
+        stay codes, stacks rebuilt (``WorkerFile.encoding`` says how to decode them). ``columns``: read only these
+        of ``obs``, ``actions``, ``rewards``, ``terminateds``, ``truncateds``, ``t``, ``weights_seq_no``,
+        ``env_t``, ``extra_model_outputs``, ``infos``, ``policy_lag``, ``start_state`` (``rewards`` always); the
+        others come empty. An episode within one fragment holds views into the block it was read with, and makes
+        each field when first asked for (``Episode``)."""
         for f in self.files:
             if evaluation is not None and f.is_evaluation != evaluation:
                 continue
             for agent in f.agents:
-                yield from f.iter_episodes(agent, decode)
+                yield from f.iter_episodes(agent, decode, columns)
 
     def multi_agent_episodes(self, *, evaluation: bool | None = False) -> Iterator[Any]:
         """Every episode as RLlib's ``MultiAgentEpisode``, all its agents in one, rebuilt env step by env step

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import h5py
 import numpy as np
@@ -128,10 +128,12 @@ class WorkerFile:
         n = self.commit["batches"]
         return {k: v[:n] for k, v in self._node("batches").items()}
 
-    def _fragments(self, agent: str) -> dict[str, np.ndarray]:
-        """The episode index of ``agent`` (scalar columns; one row per fragment)."""
+    def _fragments(self, agent: str, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """The episode index of ``agent`` (scalar columns; one row per fragment); ``names``: only those."""
         group = self._node(f"agents/{agent}/fragments")
         n = self.commit["agents"].get(agent, (0, 0))[1]
+        if names is not None:
+            return {k: group[k][:n] for k in names if k in group}
         return {k: v[:n] for k, v in group.items() if isinstance(v, h5py.Dataset) and v.ndim == 1
                 and not k.startswith("last_") and k not in ("infos", "start_state")}
 
@@ -217,13 +219,15 @@ class WorkerFile:
         return episodes.assemble(self, eps_id, agent, frags, where, [reader.take(i) for i in where],
                                  self.learner_version_column())
 
-    def iter_episodes(self, agent: str, decode: bool = True) -> Iterator[Episode]:
+    def iter_episodes(self, agent: str, decode: bool = True, columns: Sequence[str] | None = None
+                      ) -> Iterator[Episode]:
         """Every episode of ``agent``, streamed block by block (``read.episodes``), in the order its first
-        fragment was stored; ``decode`` False: image observations stored as uint8 codes stay codes."""
+        fragment was stored; ``decode`` False: image observations stored as uint8 codes stay codes; ``columns``:
+        only those read (``Run.episodes``)."""
         with h5file.damaged_file_errors(self.path):
-            frags = self._fragments(agent)
+            frags = self._fragments(agent, episodes.INDEX_NAMES)  # module ids (strings) read when first asked for
             yield from episodes.iter_episodes(self, agent, frags, self.row_bytes(agent), self.learner_version_column(),
-                                              decode)
+                                              decode, columns)
 
     def learner_version_column(self) -> np.ndarray | None:
         """The batch index's learner_version column (None: files written before it existed), read again only when
