@@ -99,7 +99,7 @@ def saved_chunks(env: str, steps: int) -> list[Any]:
     from rllib_recorder.commands.envs import make_atari_env
     from rllib_recorder.record.convert import ConvertOptions, episodes_to_chunk
 
-    episodes = episodes_from_env(lambda: make_atari_env(ENVS[env], 84, 4, {}), steps, 50)
+    episodes = episodes_from_env(lambda: make_atari_env(ENVS[env], 84, 4, {}), steps, 50, cut_at_end=True)
     options = ConvertOptions(encode_images=True, stack_frames=True)
     return [episodes_to_chunk(episodes[i:i + 4], options) for i in range(0, len(episodes), 4)]
 

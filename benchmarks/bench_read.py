@@ -1,24 +1,31 @@
-"""Read throughput of a recorded run of at least 1 GB raw, by every way there is to read it, and each reader's RSS.
+"""Read throughput of a recorded run by every way there is to read it, each against plain h5py doing the same work.
 
 The run is written by the recorder's own writer from real observations (ALE Breakout through RLlib's Atari
-wrappers, 84x84x4 float32 frames as RLlib hands them over, stored as uint8 newest frames; CartPole-v1 vectors under
-random actions, replicated with fresh episode ids to reach the size). Each reader runs in a fresh child process
-(its peak RSS is its own), the readers take turns in every repetition:
+wrappers, 84x84x4 float32 frames as RLlib hands them over, stored as uint8 newest frames, frame deltas; CartPole-v1
+vectors under random actions, replicated with fresh episode ids to reach the size). Each reader runs in a child
+process of its own (its peak RSS is its own): it reads once to warm the caches (page cache, the probe's and the
+reader's own), then ``--reps`` times, and reports the best and the median (the issue's method: best of 3 in one
+process, warm cache); ``cold`` is its first read.
 
-  h5py       plain h5py reading every step column of the file chunk by chunk (the limit: disk + decompression)
-  iter       run.iter_batches of obs, actions, rewards, terminateds, truncateds (4096 rows; Breakout 256)
-  iter_u8    the same with decode=False: Atari frames as their stored uint8 codes, stacks rebuilt (Breakout only)
-  iter_next  the same as iter with next_obs and shuffle=True (a 64k-row buffer)
-  episodes   run.episodes(): stitched episodes (frame stacks rebuilt)
-  episodes_u8  run.episodes(decode=False) (Breakout only)
+Baselines, plain h5py with numpy written by hand, on the same columns as the readers they are compared with:
+  h5py       the five columns obs, actions, rewards, terminateds, truncateds of every worker file, as stored
+             (Breakout: uint8 newest frames and fragment heads, frame deltas as stored)
+  h5py_all   every step column (what episodes() reads), and the fragments' infos
+  h5py_f32   Breakout: the five columns plus docs/FORMAT.md's decode by hand: frame deltas undone, 84x84x4 stacks
+             rebuilt, float32 = code * scale + offset (the physical limit for float32 stacks from this data)
+Readers (ratio against the baseline in brackets):
+  iter       run.iter_batches(BATCH, columns=the five) [CartPole: h5py; Breakout: h5py_f32]
+  iter_u8    the same with decode=False: frames as uint8 codes, stacks rebuilt [h5py] (Breakout only)
+  iter_next  the same as iter with next_obs and shuffle=True (a 64k-row buffer) [h5py / h5py_f32]
+  episodes5  run.episodes(columns=the five) [as iter]
+  episodes   run.episodes(): every column, infos, policy lag [h5py_all]
+  episodes_u8  run.episodes(decode=False, columns=the five) (Breakout only) [h5py]
   ray1/ray2  run.to_ray_dataset with 1 and 2 read tasks, iter_batches of the same size in the driver
   parquet    RLlib's parquet from `export --to rllib`, read by ray.data.read_parquet (2 CPUs)
   minari     Minari's loader on the `export --to minari` dataset, iterate_episodes
 
-Throughput is env steps/s and MB/s of the raw observations those steps stand for (float32 stacks, as RLlib's
-env runner held them; the u8 readers hand out a quarter of those bytes).
-
-    python benchmarks/bench_read.py --env cartpole --reps 3 --write
+    python benchmarks/bench_read.py --env cartpole --steps 200000 --reps 3 --write
+    python benchmarks/bench_read.py --env cartpole --steps 10000000 --reps 3 --readers h5py iter episodes5 --write
     python benchmarks/bench_read.py --env breakout --reps 3 --write
 """
 
@@ -41,16 +48,22 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
 
-READERS = ("h5py", "iter", "iter_u8", "iter_next", "episodes", "episodes_u8", "ray1", "ray2", "parquet", "minari")
-IMAGE_ONLY = ("iter_u8", "episodes_u8")
+READERS = ("h5py", "h5py_all", "h5py_f32", "iter", "iter_u8", "iter_next", "episodes5", "episodes", "episodes_u8",
+           "ray1", "ray2", "parquet", "minari")
+IMAGE_ONLY = ("iter_u8", "episodes_u8", "h5py_f32")
+# The baseline each reader is compared with: plain h5py doing the same work (module docstring).
+BASELINE = {"cartpole": {"iter": "h5py", "iter_next": "h5py", "episodes5": "h5py", "episodes": "h5py_all"},
+            "breakout": {"iter": "h5py_f32", "iter_next": "h5py_f32", "episodes5": "h5py_f32", "iter_u8": "h5py",
+                         "episodes_u8": "h5py", "episodes": "h5py_all"}}
 COLUMNS = ["obs", "actions", "rewards", "terminateds", "truncateds"]
 OBS_BYTES = {"cartpole": 4 * 4, "breakout": 84 * 84 * 4 * 4}
 # Rows per batch: a Breakout row is 113 KB of float32 frames as the reader gives them (256 rows: 29 MB).
 BATCH = {"cartpole": 4096, "breakout": 256}
 
 
-def make_run(env: str, gb: float, out: str) -> str:
-    """A run directory of one worker file holding at least ``gb`` GB of raw chunk bytes."""
+def make_run(env: str, gb: float, out: str, steps: int | None = None) -> str:
+    """A run directory of one worker file holding at least ``gb`` GB of raw chunk bytes (CartPole: ``steps``
+    env steps, if given)."""
     from bench_writer import chunks_of, episodes_from_env
 
     from rllib_recorder.commands.envs import make_atari_env
@@ -60,14 +73,17 @@ def make_run(env: str, gb: float, out: str) -> str:
 
     if env == "breakout":
         steps = int(gb * 1e9 / OBS_BYTES["breakout"]) + 200
-        chunks = chunks_of(episodes_from_env(lambda: make_atari_env("ale_py:ALE/Breakout-v5", 84, 4, {}), steps, 200),
-                           rows=200)
+        episodes = episodes_from_env(lambda: make_atari_env("ale_py:ALE/Breakout-v5", 84, 4, {}), steps, 200,
+                                     cut_at_end=True)
+        chunks = chunks_of(episodes, rows=200, stack_frames=True)
         copies = 1
     else:
         import gymnasium as gym
 
-        chunks = chunks_of(episodes_from_env(lambda: gym.make("CartPole-v1"), 200_000, 25), rows=2000)
-        copies = max(1, int(np.ceil(gb * 1e9 / sum(c.nbytes for c in chunks))))
+        chunks = chunks_of(episodes_from_env(lambda: gym.make("CartPole-v1"), min(steps or 200_000, 200_000), 25),
+                           rows=2000)
+        per_copy = sum(c.env_steps for c in chunks)
+        copies = (-(-steps // per_copy) if steps else max(1, int(np.ceil(gb * 1e9 / sum(c.nbytes for c in chunks)))))
     run_dir = os.path.join(out, f"{env}-run")
     os.makedirs(run_dir)
     writer = RecordingWriter(run_dir, "bench-read", StorageOptions())
@@ -99,30 +115,33 @@ def _fresh_ids(chunk: Any, copy: int) -> Any:
     return Chunk(streams, chunk.env_steps, chunk.num_samples, chunk.sampled_at_s)
 
 
-def read(reader: str, run_dir: str, aux: str) -> dict[str, Any]:
-    """Reads the run one way (in this process); returns env steps read and seconds."""
-    batch_size = BATCH["breakout" if "breakout" in os.path.basename(run_dir) else "cartpole"]
+def read(reader: str, run_dir: str, aux: str, reps: int = 3) -> dict[str, Any]:
+    """Reads the run one way in this process: once cold, then ``reps`` times warm; env steps and seconds of each."""
     import h5py  # noqa: F401 - every reader's imports before the clock starts (they cost 0.1-0.3 s)
 
     import rllib_recorder  # noqa: F401
     if reader == "minari":
         import minari  # noqa: F401
-    start = time.perf_counter()
-    steps = 0
-    if reader == "h5py":
-        import h5py
+    if reader in ("ray1", "ray2", "parquet"):
+        import ray
 
-        path = os.path.join(run_dir, "worker-001.h5")
-        with h5py.File(path, "r") as f:
-            group = f["agents/default_agent/steps"]
-            for name in group:
-                dataset = group[name]
-                if not isinstance(dataset, h5py.Dataset):
-                    continue
-                for part in dataset.iter_chunks():
-                    dataset[part]
-            steps = len(group["rewards"])
-    elif reader in ("iter", "iter_u8", "iter_next"):
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    times = []
+    for _ in range(1 + reps):
+        start = time.perf_counter()
+        steps = read_once(reader, run_dir, aux)
+        times.append(time.perf_counter() - start)
+    return {"steps": steps, "cold_s": times[0], "seconds": times[1:], "rss_mb": _peak_rss_mb()}
+
+
+def read_once(reader: str, run_dir: str, aux: str) -> int:
+    """Reads the run once ``reader``'s way; returns the env steps read."""
+    env = "breakout" if "breakout" in os.path.basename(run_dir) else "cartpole"
+    batch_size = BATCH[env]
+    steps = 0
+    if reader.startswith("h5py"):
+        return _plain(reader, run_dir)
+    if reader in ("iter", "iter_u8", "iter_next"):
         from rllib_recorder import open_run
 
         with open_run(run_dir) as run:
@@ -130,17 +149,16 @@ def read(reader: str, run_dir: str, aux: str) -> dict[str, Any]:
             for batch in run.iter_batches(batch_size, columns=columns, shuffle=reader == "iter_next", seed=0,
                                           decode=reader != "iter_u8"):
                 steps += len(batch["rewards"])
-    elif reader in ("episodes", "episodes_u8"):
+    elif reader in ("episodes", "episodes5", "episodes_u8"):
         from rllib_recorder import open_run
 
         with open_run(run_dir) as run:
-            for episode in run.episodes(decode=reader == "episodes"):
-                steps += len(episode)
+            for episode in run.episodes(decode=reader != "episodes_u8",
+                                        columns=None if reader == "episodes" else COLUMNS):
+                steps += len(episode.rewards)  # one field made, as a consumer makes at least one
     elif reader in ("ray1", "ray2", "parquet"):
         import ray
 
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-        start = time.perf_counter()
         if reader == "parquet":
             dataset = ray.data.read_parquet(aux)
         else:
@@ -158,8 +176,53 @@ def read(reader: str, run_dir: str, aux: str) -> dict[str, Any]:
         dataset = minari.load_dataset("rllib-recorder/bench-v0")
         for episode in dataset.iterate_episodes():
             steps += len(episode.rewards)
-    seconds = time.perf_counter() - start
-    return {"steps": steps, "seconds": seconds, "rss_mb": _peak_rss_mb()}
+    return steps
+
+
+def _plain(reader: str, run_dir: str) -> int:
+    """Plain h5py and numpy by hand (the baselines of the module docstring); returns env steps read."""
+    import h5py
+
+    steps = 0
+    for name in sorted(os.listdir(run_dir)):
+        if not name.endswith(".h5"):
+            continue
+        with h5py.File(os.path.join(run_dir, name), "r") as f:
+            group, frags = f["agents/default_agent/steps"], f["agents/default_agent/fragments"]
+            if reader == "h5py_all":
+                datasets: list[Any] = []
+                group.visititems(lambda _, node: datasets.append(node) if isinstance(node, h5py.Dataset) else None)
+                columns = {d.name: d[()] for d in datasets}
+                if "infos" in frags:
+                    frags["infos"][()]
+            else:
+                columns = {c: group[c][()] for c in COLUMNS}
+                if "frame_stack" in group["obs"].attrs:
+                    columns["head_obs"] = frags["head_obs"][()]
+                if reader == "h5py_f32":
+                    columns["obs"] = _stacks_by_hand(group["obs"], frags)
+            steps += len(group["rewards"])
+    return steps
+
+
+def _stacks_by_hand(obs: Any, frags: Any) -> np.ndarray:
+    """docs/FORMAT.md's decode of a frame-stacked, frame-delta column, by hand: float32 stacks of every row."""
+    newest = obs[()][..., 0]
+    first, num = frags["first_row"][()], frags["num_rows"][()]
+    heads, k = frags["head_obs"][()], int(obs.attrs["frame_stack"])
+    every = int(obs.attrs.get("delta_key_rows", 0))
+    out = np.empty(newest.shape + (k,), np.float32)
+    scale, offset = np.float32(obs.attrs["scale"]), np.float32(obs.attrs["offset"])
+    for i, (a, n) in enumerate(zip(first.tolist(), num.tolist())):
+        rows = newest[a:a + n]
+        if every:
+            for b in range(0, n, every):
+                np.bitwise_xor.accumulate(rows[b:b + every], axis=0, out=rows[b:b + every])
+        frames = np.concatenate([np.moveaxis(heads[i], -1, 0), rows])
+        for j in range(k):
+            np.multiply(frames[j:j + n], scale, out=out[a:a + n, ..., j])
+            out[a:a + n, ..., j] += offset
+    return out
 
 
 def _peak_rss_mb() -> float:
@@ -174,20 +237,24 @@ def _peak_rss_mb() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", choices=("cartpole", "breakout"), default="cartpole")
-    parser.add_argument("--gb", type=float, default=1.0, help="raw GB of the run (at least)")
+    parser.add_argument("--gb", type=float, default=1.0, help="raw GB of the run (at least), unless --steps")
+    parser.add_argument("--steps", type=int, default=None, help="CartPole: env steps of the run")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--readers", nargs="+", default=list(READERS), choices=READERS)
     parser.add_argument("--write", action="store_true", help="write the section of docs/BENCHMARKS.md")
-    parser.add_argument("--child", nargs=3, metavar=("READER", "RUN", "AUX"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=4, metavar=("READER", "RUN", "AUX", "REPS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.env != "breakout":
         args.readers = [r for r in args.readers if r not in IMAGE_ONLY]
     if args.child:
-        print("RESULT " + json.dumps(read(*args.child)))
+        reader, run_dir, aux, reps = args.child
+        print("RESULT " + json.dumps(read(reader, run_dir, aux, int(reps))))
         return
+    needed = {BASELINE[args.env].get(r) for r in args.readers} - {None}
+    args.readers = [r for r in READERS if r in set(args.readers) | needed]
     work = tempfile.mkdtemp(prefix="bench_read_")
     try:
-        run_dir = make_run(args.env, args.gb, work)
+        run_dir = make_run(args.env, args.gb, work, args.steps)
         aux = {"parquet": os.path.join(work, "parquet"), "minari": os.path.join(work, "minari")}
         cli = [sys.executable, "-m", "rllib_recorder.cli", "export", run_dir]
         exports = {"parquet": ["--to", "rllib", "-o", aux["parquet"]],
@@ -199,37 +266,43 @@ def main() -> None:
                 subprocess.run(cli + options, check=True, stdout=subprocess.DEVNULL)
                 export_s[reader] = time.perf_counter() - start
                 print(f"export for {reader}: {export_s[reader]:.0f} s", flush=True)
-        results: dict[str, list[dict[str, Any]]] = {r: [] for r in args.readers}
-        for rep in range(args.reps):
-            for reader in args.readers:
-                proc = subprocess.run([sys.executable, __file__, "--child", reader, run_dir, aux.get(reader, "-")],
-                                      capture_output=True, text=True)
-                if proc.returncode:
-                    sys.exit(f"{reader} failed: {proc.stderr[-2000:]}")
-                result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("RESULT ")][-1][7:])
-                results[reader].append(result)
-                print(f"rep {rep} {reader}: {result['steps'] / result['seconds']:.0f} steps/s, "
-                      f"{result['rss_mb']:.0f} MB RSS", flush=True)
+        results: dict[str, dict[str, Any]] = {}
+        for reader in args.readers:
+            proc = subprocess.run([sys.executable, __file__, "--child", reader, run_dir, aux.get(reader, "-"),
+                                   str(args.reps)], capture_output=True, text=True)
+            if proc.returncode:
+                sys.exit(f"{reader} failed: {proc.stderr[-2000:]}")
+            result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("RESULT ")][-1][7:])
+            results[reader] = result
+            print(f"{reader}: best {result['steps'] / min(result['seconds']):.0f} steps/s, cold "
+                  f"{result['steps'] / result['cold_s']:.0f}, {result['rss_mb']:.0f} MB RSS", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    table = _table(args.env, results) + "".join(
+    table = _table(args.env, results, args.reps) + "".join(
         f"Export for {reader} (`rllib-recorder export --to {'rllib' if reader == 'parquet' else 'minari'}`): "
         f"{seconds:.0f} s.\n" for reader, seconds in export_s.items())
     print(table)
     if args.write:
-        common.write_section(f"Reading a run, {args.env} (benchmarks/bench_read.py)", table)
+        size = f"{results[next(iter(results))]['steps']:,} steps"
+        common.write_section(f"Reading a run, {args.env}, {size} (benchmarks/bench_read.py)", table)
 
 
-def _table(env: str, results: dict[str, list[dict[str, Any]]]) -> str:
-    limit = np.median([r["steps"] / r["seconds"] for r in results.get("h5py", [])] or [np.nan])
-    lines = ["| reader | env steps/s | MB/s of raw obs | vs plain h5py | peak RSS MB |", "|---|---|---|---|---|"]
-    for reader, runs in results.items():
-        rates = [r["steps"] / r["seconds"] for r in runs]
-        mbs = [rate * OBS_BYTES[env] / 1e6 for rate in rates]
-        lines.append(f"| {reader} | {common.cell(rates, '{:.0f}')} | {common.cell(mbs, '{:.1f}')} "
-                     f"| {np.median(rates) / limit:.2f} | {max(r['rss_mb'] for r in runs):.0f} |")
-    steps = results[next(iter(results))][0]["steps"]
-    return "\n".join(lines) + f"\n\n{steps:,} env steps; each cell median (min) over the repetitions.\n"
+def _table(env: str, results: dict[str, dict[str, Any]], reps: int) -> str:
+    lines = ["| reader | env steps/s: best (median) | MB/s of raw obs, best | vs its baseline (which), best "
+             "(median) | cold read, env steps/s | peak RSS MB |", "|---|---|---|---|---|---|"]
+    for reader, r in results.items():
+        rates = [r["steps"] / t for t in r["seconds"]]
+        best, median = max(rates), float(np.median(rates))
+        base = BASELINE[env].get(reader)
+        ratio = "-"
+        if base in results:
+            base_rates = [results[base]["steps"] / t for t in results[base]["seconds"]]
+            ratio = f"**{best / max(base_rates):.2f}** ({median / float(np.median(base_rates)):.2f}), {base}"
+        lines.append(f"| {reader} | {best:,.0f} ({median:,.0f}) | {best * OBS_BYTES[env] / 1e6:,.1f} | {ratio} "
+                     f"| {r['steps'] / r['cold_s']:,.0f} | {r['rss_mb']:.0f} |")
+    steps = results[next(iter(results))]["steps"]
+    return "\n".join(lines) + (f"\n\n{steps:,} env steps; each reader in a process of its own: one cold read, then "
+                               f"{reps} warm ones (best and median of those).\n")
 
 
 if __name__ == "__main__":

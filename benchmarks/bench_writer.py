@@ -31,8 +31,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 
-def episodes_from_env(make_env: Callable[[], Any], steps: int, episode_len: int, seed: int = 0) -> list[Any]:
-    """Real observations from ``make_env`` under random actions, as numpy SingleAgentEpisodes."""
+def episodes_from_env(make_env: Callable[[], Any], steps: int, episode_len: int, seed: int = 0,
+                      cut_at_end: bool = False) -> list[Any]:
+    """Real observations from ``make_env`` under random actions, as numpy SingleAgentEpisodes of ``episode_len``
+    steps; ``cut_at_end``: an episode also ends where the env's does (as RLlib's are: frame stacks then repeat
+    their frames within an episode, as an env runner's do)."""
     from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
     env = make_env()
@@ -41,20 +44,25 @@ def episodes_from_env(make_env: Callable[[], Any], steps: int, episode_len: int,
     episodes, t_total = [], 0
     while t_total < steps:
         n = min(episode_len, steps - t_total)
-        observations, actions, rewards = [obs], [], []
+        observations, actions, rewards, ended = [obs], [], [], False
         for _ in range(n):
             action = int(rng.integers(env.action_space.n))
             obs, reward, terminated, truncated, _ = env.step(action)
-            if terminated or truncated:
-                obs, _ = env.reset()
             observations.append(obs)
             actions.append(action)
             rewards.append(float(reward))
+            if terminated or truncated:
+                obs, _ = env.reset()
+                if cut_at_end:
+                    ended = True
+                    break
+                observations[-1] = obs
+        n = len(actions)
         episode = SingleAgentEpisode(
             observations=observations, actions=actions, rewards=rewards, infos=[{}] * (n + 1),
             extra_model_outputs={"action_logp": list(rng.normal(size=n).astype(np.float32)),
                                  "weights_seq_no": [0] * n},
-            len_lookback_buffer=0,
+            len_lookback_buffer=0, terminated=ended,
         )
         episode.to_numpy()
         episodes.append(episode)
@@ -62,18 +70,22 @@ def episodes_from_env(make_env: Callable[[], Any], steps: int, episode_len: int,
     return episodes
 
 
-def chunks_of(episodes: list[Any], rows: int) -> list[Any]:
-    from rllib_recorder.record.convert import episodes_to_chunk
+def chunks_of(episodes: list[Any], rows: int, stack_frames: bool = False) -> list[Any]:
+    """Chunks of about ``rows`` steps; ``stack_frames``: image stacks as an env runner sends them (uint8 codes,
+    newest frames)."""
+    from rllib_recorder.record.convert import ConvertOptions, episodes_to_chunk
 
+    options = ConvertOptions(encode_images=True, stack_frames=True) if stack_frames else None
+    convert = (lambda batch: episodes_to_chunk(batch, options)) if options else episodes_to_chunk
     chunks, batch, n = [], [], 0
     for episode in episodes:
         batch.append(episode)
         n += len(episode)
         if n >= rows:
-            chunks.append(episodes_to_chunk(batch))
+            chunks.append(convert(batch))
             batch, n = [], 0
     if batch:
-        chunks.append(episodes_to_chunk(batch))
+        chunks.append(convert(batch))
     return chunks
 
 

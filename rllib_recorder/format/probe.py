@@ -46,7 +46,7 @@ def timeout_s() -> float:
                           "set it to e.g. 60, or unset it") from None
 
 
-def _stamp(path: str) -> tuple[int, int, int] | None:
+def stamp(path: str) -> tuple[int, int, int] | None:
     try:
         st = os.stat(path)
     except OSError:
@@ -62,12 +62,12 @@ def ensure_readable(paths: Iterable[str]) -> None:
     """
     if not enabled():
         return
-    todo = [p for p in map(os.fspath, paths) if _stamp(p) is not None and _passed.get(p) != _stamp(p)]
+    todo = [p for p in map(os.fspath, paths) if stamp(p) is not None and _passed.get(p) != stamp(p)]
     for path in todo:  # a missing file is the caller's error to report
-        stamp = _stamp(path)
+        before = stamp(path)
         outcome = _PROBER.probe(path, timeout_s())
-        if outcome == "ok" and _stamp(path) == stamp:
-            _passed[path] = stamp  # type: ignore[assignment]
+        if outcome == "ok" and stamp(path) == before:
+            _passed[path] = before  # type: ignore[assignment]
         elif outcome not in ("ok", "error"):
             raise SchemaError(f"{path} is damaged: {outcome}; this process did not open it. Move the file "
                               "out of the run directory to read the rest of the run (recover cannot mend this)")

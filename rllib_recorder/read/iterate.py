@@ -37,7 +37,8 @@ class Block:
     stop: int
 
 
-def blocks_of(files: Sequence[WorkerFile], block_bytes: int = BLOCK_BYTES, multiple: int = 1) -> list[Block]:
+def blocks_of(files: Sequence[WorkerFile], block_bytes: int = BLOCK_BYTES, multiple: int = 1,
+              columns: Sequence[str] | None = None) -> list[Block]:
     """Every file's every agent's committed rows, in blocks of at most ``BLOCK_ROWS`` rows and about
     ``block_bytes`` bytes of step columns as the reader gives them (uint8 codes as float32, stacks rebuilt), or
     of ``multiple`` rows if those are more; a whole number of ``multiple`` rows (batches are cut from a block
@@ -46,7 +47,8 @@ def blocks_of(files: Sequence[WorkerFile], block_bytes: int = BLOCK_BYTES, multi
     for f in files:
         for agent in f.agents:
             rows = f.num_rows(agent)
-            step = int(min(BLOCK_ROWS, max(1, block_bytes // f.row_bytes(agent))))
+            asked = None if columns is None else [c[len("next_"):] if c.startswith("next_") else c for c in columns]
+            step = int(min(BLOCK_ROWS, max(1, block_bytes // f.row_bytes(agent, asked))))
             step = max(multiple, step // multiple * multiple)
             out += [Block(f, agent, a, min(a + step, rows)) for a in range(0, rows, step)]
     return out
@@ -165,7 +167,7 @@ def iter_batches(files: Sequence[WorkerFile], batch_size: int, *, columns: Seque
     """
     if batch_size < 1:
         raise ConversionError(f"batch_size must be at least 1; it is {batch_size}")
-    blocks = blocks_of(files, block_bytes, 1 if shuffle else batch_size)
+    blocks = blocks_of(files, block_bytes, 1 if shuffle else batch_size, columns)
     if shard is not None:
         index, count = shard
         if not 0 <= index < count:

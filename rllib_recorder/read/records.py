@@ -24,6 +24,10 @@ _DEFAULTS = {"extra_model_outputs": dict, "infos": lambda: None, "module_id": st
              "start_state": bytes, "policy_lag": lambda: np.zeros(0, np.int64), "env_t": lambda: np.zeros(0, np.int64)}
 
 
+_MISSING = object()  # what a view's field() gives for a field it does not hold
+MISSING = _MISSING
+
+
 class Episode:
     """One agent's episode, stitched from its fragments; arrays are numpy.
 
@@ -39,8 +43,8 @@ class Episode:
     __slots__ = ("_values", "_make", "_n")
 
     def __init__(self, *, eps_id: str, agent_id: str, worker_index: int, lazy: Any = None, **values: Any) -> None:
-        """``lazy``: makers of fields not given, by name (a dict of callables, or anything whose ``pop(name,
-        None)`` gives one); a field neither given nor made takes its default (empty)."""
+        """``lazy``: makers of fields not given: a dict of callables by name, or a view whose ``field(name)`` makes
+        one (or gives ``MISSING``); a field neither given nor made takes its default (empty)."""
         unknown = set(values) - set(EPISODE_FIELDS)
         if unknown:
             raise TypeError(f"Episode got unknown fields {sorted(unknown)}")
@@ -49,24 +53,21 @@ class Episode:
         object.__setattr__(self, "_make", lazy or {})
         object.__setattr__(self, "_n", None)
 
-    @classmethod
-    def _of(cls, values: dict[str, Any], lazy: Any, n: int) -> "Episode":
-        """An episode of ``n`` steps from ready ``values`` (eps_id, agent_id, worker_index and any others) and
-        makers of the rest: the reader's fast path, no checks."""
-        episode = object.__new__(cls)
-        object.__setattr__(episode, "_values", values)
-        object.__setattr__(episode, "_make", lazy)
-        object.__setattr__(episode, "_n", n)
-        return episode
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
         values = self._values
+        if values is None:  # an episode made by the reader's fast path: every field from its view
+            values = {}
+            object.__setattr__(self, "_values", values)
         if name not in values:
-            make = self._make.pop(name, None)
-            if make is not None:
-                values[name] = make()
+            make = self._make
+            made = make.field(name) if hasattr(make, "field") else _MISSING
+            if made is not _MISSING:
+                values[name] = made
+            elif type(make) is dict and name in make:
+                values[name] = make.pop(name)()
             elif name in _DEFAULTS:
                 values[name] = _DEFAULTS[name]()
             elif name in EPISODE_FIELDS:

@@ -29,6 +29,10 @@ class WorkerFile:
         self._worker_index: int | None = None
         self._is_evaluation: bool | None = None
         self._learner_versions: tuple[int, np.ndarray | None] | None = None  # (committed batches, column)
+        # An agent's step columns are fixed once it has rows (the writer refuses a column that appears later), so
+        # their paths, datasets and row size are looked up once, not for every block.
+        self._paths: dict[str, list[str]] = {}
+        self._nodes: dict[str, Any] = {}
 
     @property
     def h5(self) -> h5py.File:
@@ -44,8 +48,7 @@ class WorkerFile:
             try:
                 with h5file.damaged_file_errors(self.path):
                     h5file.validate_header(self._h5, self.path)
-                foreign = segments.foreign_sources(self._h5, os.path.basename(self.path)[:-3],
-                                                   segments.segment_list(self._h5))
+                foreign = _foreign_sources(self.path, self._h5)
                 if foreign:
                     raise SchemaError(f"{self.path} has virtual datasets reading {foreign[0]!r}, not one of its own "
                                       "segments; a recording reads nothing outside its run: remove the file")
@@ -143,10 +146,22 @@ class WorkerFile:
 
     def column_paths(self, agent: str) -> list[str]:
         """Paths of ``agent``'s step columns (``obs``, ``obs/pos``, ``actions``, ``extra_model_outputs/vf_preds``)."""
+        if agent in self._paths:
+            return self._paths[agent]
         paths: list[str] = []
         self._node(f"agents/{agent}/steps").visititems(
             lambda path, node: paths.append(path) if isinstance(node, h5py.Dataset) else None)
+        if self.num_rows(agent):  # fixed from the agent's first rows on
+            self._paths[agent] = paths
         return paths
+
+    def _step_column(self, agent: str, path: str) -> Any:
+        """The dataset (or group of a nested space) of ``agent``'s step column ``path``, looked up once."""
+        key = f"agents/{agent}/steps/{path}"
+        node = self._nodes.get(key)
+        if node is None:
+            node = self._nodes[key] = self._node(key)
+        return node
 
     def batches_in_order(self, start: int = 0) -> Iterator[Batch]:
         """The stored chunks in the order they were stored (from batch row ``start``), each with its step rows (read
@@ -190,7 +205,7 @@ class WorkerFile:
     def column(self, agent: str, path: str, rows: slice = slice(None), decode: bool = True) -> Any:
         """One step column of ``agent`` (nested spaces come back as dicts/tuples); ``decode`` False: image columns
         stored as uint8 codes come as codes (``encoding`` says how to decode them)."""
-        return read_node(self._node(f"agents/{agent}/steps/{path}"), rows, decode)
+        return read_node(self._step_column(agent, path), rows, decode)
 
     def encoding(self, agent: str, path: str) -> tuple[float, float] | None:
         """``(scale, offset)`` of a step column stored as uint8 codes (value = code * scale + offset), else None."""
@@ -238,12 +253,14 @@ class WorkerFile:
             self._learner_versions = (batches, None if column is None else column[:batches])
         return self._learner_versions[1]
 
-    def row_bytes(self, agent: str) -> int:
-        """Bytes of one of ``agent``'s step rows as the reader gives them (uint8 codes as float32, stacks rebuilt)."""
-        steps = self._node(f"agents/{agent}/steps")
+    def row_bytes(self, agent: str, columns: Sequence[str] | None = None) -> int:
+        """Bytes of one of ``agent``'s step rows as the reader gives them (uint8 codes as float32, stacks rebuilt);
+        ``columns``: of those step columns only (paths, or the first part of paths: ``obs`` for ``obs/pos``)."""
         total = 0
         for path in self.column_paths(agent):
-            column = steps[path]
+            if columns is not None and path not in columns and path.split("/")[0] not in columns:
+                continue
+            column = self._step_column(agent, path)
             itemsize = 4 if column.attrs.get("encoding") == "affine_uint8" else column.dtype.itemsize
             itemsize = 8 if column.dtype == object else itemsize
             total += int(np.prod(decode.row_shape(column), dtype=np.int64)) * itemsize
@@ -274,6 +291,7 @@ class WorkerFile:
         return to_multi_agent_episode(eps_id, [self.episode(eps_id, a, indexes[a]) for a in agents])
 
     def close(self) -> None:
+        self._nodes.clear()
         if self._h5 is not None:
             self._h5.close()
             self._h5 = None
@@ -285,6 +303,22 @@ class WorkerFile:
         rows = {agent: rows for agent, (rows, _) in commit["agents"].items()}
         return (f"WorkerFile({self.path!r}, worker={self.worker_index}, evaluation={self.is_evaluation}, "
                 f"batches={commit['batches']}, rows={rows})")
+
+
+# (path, size, mtime, inode) of each file whose virtual datasets were checked in this process, and what they read
+# from outside the file's own segments: a finished file is read again without walking every object of it again.
+_CHECKED: dict[str, tuple[tuple[int, int, int], list[str]]] = {}
+
+
+def _foreign_sources(path: str, h5: h5py.File) -> list[str]:
+    stamp = probe.stamp(path)
+    known = _CHECKED.get(path)
+    if stamp is not None and known is not None and known[0] == stamp:
+        return known[1]
+    found = segments.foreign_sources(h5, os.path.basename(path)[:-3], segments.segment_list(h5))
+    if stamp is not None and stamp == probe.stamp(path):
+        _CHECKED[path] = (stamp, found)
+    return found
 
 
 def read_node(node: Any, rows: slice, decode_codes: bool = True) -> Any:
