@@ -28,6 +28,8 @@ HEARTBEAT_EVERY_S = 1.0
 
 RETRY_AFTER_S = 5.0
 
+DISCOVER_EVERY_S = 1.0
+
 
 @dataclass
 class _Buffer:
@@ -72,6 +74,7 @@ class Ingest:
         self.errors = 0
         self.last_error: str | None = None
         self._heartbeat_at = 0.0
+        self._listed: tuple[tuple[int, ...], float] = ((), 0.0)  # the spool's directory mtimes as last listed
 
     def poll(self, final: bool = False) -> int:
         """Reads what is new, commits what is due (everything if ``final``); returns rows committed."""
@@ -126,6 +129,14 @@ class Ingest:
     # -- reading
 
     def _discover(self) -> None:
+        """Finds new senders' spools. Listing the spool's directories on every tick was most of an idle writer's
+        work: they are listed only when one of their mtimes moved (a new runner, a new incarnation), and every
+        second whatever the mtimes say (file systems with coarse mtimes)."""
+        now = time.monotonic()
+        stamps = _stamps(self.root)
+        if stamps == self._listed[0] and now - self._listed[1] < DISCOVER_EVERY_S:
+            return
+        self._listed = (stamps, now)
         for stem, sender_id, directory in sender_dirs(self.run_dir):
             if (stem, sender_id) in self.senders or not self.owns(stem):
                 continue
@@ -282,6 +293,16 @@ class Ingest:
                 del self.senders[key]
                 continue
             sender.remove_committed_segments()
+
+
+def _stamps(root: str) -> tuple[int, ...]:
+    """The mtimes of the spool root and of each file's directory in it (a new sender directory moves one)."""
+    try:
+        with os.scandir(root) as entries:
+            stems = sorted((e.name, e.stat().st_mtime_ns) for e in entries if e.is_dir())
+        return (os.stat(root).st_mtime_ns, *(m for _, m in stems))
+    except OSError:
+        return ()
 
 
 def _transient(error: Exception) -> bool:

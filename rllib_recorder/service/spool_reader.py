@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -31,6 +32,11 @@ class SenderSpool:
     refused_steps: int = 0  # env steps of chunks a writer can never store (their data is refused)
     refused_error: str | None = None
     damaged: str | None = None
+    # The directory as last listed (its mtime, and when): a writer polls every tick, and a runner starts a new
+    # segment only now and then, so the directory is listed again only when its mtime changed, or a second on.
+    listed: tuple[int, float] = (-1, 0.0)
+    removed_below: int = -1  # segments before this one are deleted
+    _listed_segments: list[int] = field(default_factory=list)
 
     @property
     def read(self) -> tuple[int, int]:
@@ -54,7 +60,7 @@ class SenderSpool:
             if record is not None:
                 self.offset = record.end
                 return record
-            later = [i for i in segments_of(self.directory) if i > self.segment]
+            later = [i for i in self._segments() if i > self.segment]
             if not later:
                 return None  # the sender is still writing this segment (or died after its last record)
             # the runner moved on: this segment is complete (a torn tail it left on a failed write is skipped)
@@ -62,6 +68,18 @@ class SenderSpool:
                 self.committed = max(self.committed, (later[0], 0))
             self.close()
             self.segment, self.offset = later[0], 0
+
+    def _segments(self, recheck_s: float = 1.0) -> list[int]:
+        """The segments of the directory: listed again only when its mtime moved since it was last listed, or a
+        second passed (a file system with coarse mtimes still gets listed)."""
+        try:
+            mtime = os.stat(self.directory).st_mtime_ns
+        except OSError:
+            mtime = -2
+        now = time.monotonic()
+        if mtime != self.listed[0] or now - self.listed[1] >= recheck_s or mtime < 0:
+            self.listed, self._listed_segments = (mtime, now), segments_of(self.directory)
+        return self._listed_segments
 
     def open_next(self) -> bool:
         """Opens the segment to read (the first one, if none was read yet); False when there is none."""
@@ -97,9 +115,12 @@ class SenderSpool:
     def remove_committed_segments(self) -> None:
         """Deletes every segment before the one holding the first record not yet committed."""
         done_segment, _ = self.committed
+        if done_segment <= self.removed_below:
+            return  # nothing new to delete (the directory is not listed for it)
         for index in segments_of(self.directory):
             if index < done_segment:
                 remove_file(os.path.join(self.directory, segment_name(index)))
+        self.removed_below = done_segment
 
     def remove(self) -> None:
         """Deletes this sender's spool (all of it is committed)."""
