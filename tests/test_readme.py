@@ -106,7 +106,9 @@ def test_readme_and_guide_snippets_run_as_written(workspace, s3):
             if "BCConfig" in code:  # BC trained (on the export, or on the run itself) and printed a finite loss
                 assert 0 < float(proc.stdout.split()[-1]) < 10, proc.stdout[-2000:]
     # every command of the Then: block, the two Python snippets, and the several-nodes block
-    assert sorted(set(done)) == ["export", "gather", "info", "plot", "python", "recover", "replay", "verify"]
+    assert sorted(set(done)) == ["export", "gather", "info", "plot", "python", "recover", "render", "replay", "train",
+                                 "verify"]
+    assert os.path.getsize(os.path.join(folder, "best.gif")) > 0
     # README's own code, its several-nodes code (Tune and the recorder on S3), the guide's offline training and
     # export BC
     assert done.count("python") == 4

@@ -132,10 +132,20 @@ def test_clear_limits_are_one_line_each(tmp_path, run, env, fix):
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and fix in lines[0], err
 
 
+_OUTCOMES: dict[tuple[str, bool], tuple[bool, list[str]]] = {}
+
+
+def checked(path: str, rename: bool) -> tuple[bool, list[str]]:
+    """``corpus_outcome`` of ``train path --check`` (with ``--rename-old-keys``), once per session."""
+    if (path, rename) not in _OUTCOMES:
+        args = ["train", path, "--check"] + (["--rename-old-keys"] if rename else [])
+        _OUTCOMES[path, rename] = corpus_outcome(CliRunner().invoke(main, args))
+    return _OUTCOMES[path, rename]
+
+
 @pytest.mark.parametrize("path", CORPUS, ids=[os.path.relpath(p, CORPUS_DIR) for p in CORPUS])
 def test_every_file_of_the_corpus_passes_or_is_refused_with_every_problem_listed(path):
-    outcome = corpus_outcome(CliRunner().invoke(main, ["train", path, "--check"]))
-    renamed = corpus_outcome(CliRunner().invoke(main, ["train", path, "--check", "--rename-old-keys"]))
+    outcome, renamed = checked(path, False), checked(path, True)
     assert renamed[0] or "an old key RLlib 2.60 refuses or ignores" not in renamed[1]
     if outcome[0]:
         assert renamed[0]  # taking old names can't make a passing file fail
@@ -144,9 +154,8 @@ def test_every_file_of_the_corpus_passes_or_is_refused_with_every_problem_listed
 def test_the_guides_corpus_table_holds_what_the_check_says():
     """docs/guide.md's table of the corpus: its counts are what ``train --check`` answers today."""
     guide = open(os.path.join(os.path.dirname(CORPUS_DIR), "..", "..", "docs", "guide.md")).read()
-    outcomes = {p: corpus_outcome(CliRunner().invoke(main, ["train", p, "--check"])) for p in CORPUS}
-    renamed = {p: corpus_outcome(CliRunner().invoke(main, ["train", p, "--check", "--rename-old-keys"]))
-               for p in CORPUS}
+    outcomes = {p: checked(p, False) for p in CORPUS}
+    renamed = {p: checked(p, True) for p in CORPUS}
     passed = sum(ok for ok, _ in outcomes.values())
     assert f"{len(CORPUS)} files: {passed} pass as written, {sum(ok for ok, _ in renamed.values())} with " \
            "`--rename-old-keys`" in guide

@@ -34,7 +34,12 @@ def main() -> int:
     parser.add_argument("--min-gap", type=float, default=10.0)
     parser.add_argument("--max-gap", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--report", metavar="OUT", help="only (re)make the report of the soak whose --out was OUT")
     args = parser.parse_args()
+    if args.report:
+        with open(os.path.join(args.report, "chaos-run.json")) as f:
+            meta = json.load(f)
+        return summarize(meta.pop("run_dir"), meta, args.report)
 
     import ray
     from ray.rllib.algorithms.ppo import PPOConfig
@@ -91,6 +96,8 @@ def main() -> int:
                 os.kill(pid, signal.SIGKILL)
                 kills.append({"at_s": round(time.monotonic() - started, 1), "what": what, "pid": pid})
                 print(f"{kills[-1]['at_s']:7.1f} s  killed {what} (pid {pid})", flush=True)
+                with open(os.path.join(args.out, "kills.json"), "w") as f:
+                    json.dump(kills, f)
             except ProcessLookupError:
                 pass
 
@@ -111,6 +118,21 @@ def main() -> int:
     algo.stop()
 
     rllib_sampled = int(result["env_runners"]["num_env_steps_sampled_lifetime"])
+    meta = {"minutes": args.minutes, "iterations": iterations, "kills": kills, "rllib_env_steps_sampled": rllib_sampled,
+            "rllib_restarts_seen": result.get("fault_tolerance", {}).get("num_remote_worker_restarts")}
+    with open(os.path.join(args.out, "chaos-run.json"), "w") as f:  # what the report below needs, kept first
+        json.dump({"run_dir": run_dir, **meta}, f, indent=1)
+    return summarize(run_dir, meta, args.out)
+
+
+def summarize(run_dir: str, meta: dict, out_dir: str) -> int:
+    """Checks a soak's run (verify, every row against the env's code) against RLlib's count; writes chaos.json and
+    prints the table for docs/RELIABILITY.md. Exit code 1 when verify finds a problem or a step is missing."""
+    from rllib_recorder.commands.verify import verify_report
+    from rllib_recorder.read.run import open_run
+    from tests.integrity import check_run
+
+    kills, rllib_sampled = meta["kills"], meta["rllib_env_steps_sampled"]
     report = verify_report(run_dir)
     counts = check_run(run_dir)
     per_sender = []
@@ -124,19 +146,16 @@ def main() -> int:
                 per_sender.append({"file": os.path.basename(f.path), "sender": sender.decode(),
                                    "stored": int(batches["env_steps"][mine].sum()),
                                    "sampled": int(batches["sender_env_steps_sampled"][mine].max())})
-    out = {"minutes": args.minutes, "iterations": iterations, "kills": kills,
-           "rllib_env_steps_sampled": rllib_sampled, "env_steps_stored": stored,
-           "rllib_restarts_seen": result.get("fault_tolerance", {}).get("num_remote_worker_restarts"),
-           "runners": manifest.get("runners"), "senders": per_sender, "verify": report,
-           "episodes_checked": sum(len(v) for v in counts["streams"].values())}
-    with open(os.path.join(args.out, "chaos.json"), "w") as f:
+    out = {**meta, "env_steps_stored": stored, "runners": manifest.get("runners"), "senders": per_sender,
+           "verify": report, "episodes_checked": sum(len(v) for v in counts["streams"].values())}
+    with open(os.path.join(out_dir, "chaos.json"), "w") as f:
         json.dump(out, f, indent=1)
     by_kind: dict[str, int] = {}
     for k in kills:
         kind = "writer" if k["what"] == "writer" else "env runner"
         by_kind[kind] = by_kind.get(kind, 0) + 1
     seen = {k: v.get("incarnations") for k, v in (manifest.get("runners") or {}).items()}
-    print(f"\n{args.minutes:g} min, {iterations} iterations, kills: {by_kind}; RLlib sampled {rllib_sampled}, "
+    print(f"\n{meta['minutes']:g} min, {meta['iterations']} iterations, kills: {by_kind}; RLlib sampled {rllib_sampled}, "
           f"stored {stored}; verify: {report['problems'] or 'sound'}; {out['episodes_checked']} episodes checked; "
           f"incarnations the driver saw: {seen}; RLlib saw {out['rllib_restarts_seen']} restart(s)")
     print("| file | sender (incarnation) | sampled by it | stored |\n|---|---|---|---|")
