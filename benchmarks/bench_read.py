@@ -13,11 +13,13 @@ Baselines, plain h5py with numpy written by hand, on the same columns as the rea
   h5py_all   every step column (what episodes() reads), and the fragments' infos
   h5py_f32   Breakout: the five columns plus docs/FORMAT.md's decode by hand: frame deltas undone, 84x84x4 stacks
              rebuilt, float32 = code * scale + offset (the physical limit for float32 stacks from this data)
+  h5py_eps   CartPole: the five columns cut into episodes by hand from the episode index (views of one fragment's
+             rows, concatenation across fragments and for the final observation), as a user of plain h5py would
 Readers (ratio against the baseline in brackets):
   iter       run.iter_batches(BATCH, columns=the five) [CartPole: h5py; Breakout: h5py_f32]
   iter_u8    the same with decode=False: frames as uint8 codes, stacks rebuilt [h5py] (Breakout only)
   iter_next  the same as iter with next_obs and shuffle=True (a 64k-row buffer) [h5py / h5py_f32]
-  episodes5  run.episodes(columns=the five) [as iter]
+  episodes5  run.episodes(columns=the five) [CartPole: h5py_eps, and h5py in the notes; Breakout: h5py_f32]
   episodes   run.episodes(): every column, infos, policy lag [h5py_all]
   episodes_u8  run.episodes(decode=False, columns=the five) (Breakout only) [h5py]
   ray1/ray2  run.to_ray_dataset with 1 and 2 read tasks, iter_batches of the same size in the driver
@@ -48,11 +50,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
 
-READERS = ("h5py", "h5py_all", "h5py_f32", "iter", "iter_u8", "iter_next", "episodes5", "episodes", "episodes_u8",
+READERS = ("h5py", "h5py_all", "h5py_f32", "h5py_eps", "iter", "iter_u8", "iter_next", "episodes5", "episodes", "episodes_u8",
            "ray1", "ray2", "parquet", "minari")
 IMAGE_ONLY = ("iter_u8", "episodes_u8", "h5py_f32")
 # The baseline each reader is compared with: plain h5py doing the same work (module docstring).
-BASELINE = {"cartpole": {"iter": "h5py", "iter_next": "h5py", "episodes5": "h5py", "episodes": "h5py_all"},
+BASELINE = {"cartpole": {"iter": "h5py", "iter_next": "h5py", "episodes5": "h5py_eps", "episodes": "h5py_all"},
             "breakout": {"iter": "h5py_f32", "iter_next": "h5py_f32", "episodes5": "h5py_f32", "iter_u8": "h5py",
                          "episodes_u8": "h5py", "episodes": "h5py_all"}}
 COLUMNS = ["obs", "actions", "rewards", "terminateds", "truncateds"]
@@ -195,6 +197,8 @@ def _plain(reader: str, run_dir: str) -> int:
                 columns = {d.name: d[()] for d in datasets}
                 if "infos" in frags:
                     frags["infos"][()]
+            elif reader == "h5py_eps":
+                _episodes_by_hand({c: group[c][()] for c in COLUMNS}, frags)
             else:
                 columns = {c: group[c][()] for c in COLUMNS}
                 if "frame_stack" in group["obs"].attrs:
@@ -203,6 +207,26 @@ def _plain(reader: str, run_dir: str) -> int:
                     columns["obs"] = _stacks_by_hand(group["obs"], frags)
             steps += len(group["rewards"])
     return steps
+
+
+def _episodes_by_hand(columns: dict[str, np.ndarray], frags: Any) -> list[dict[str, np.ndarray]]:
+    """The five columns cut into episodes by hand from the episode index, as a user of plain h5py would: each
+    fragment's rows as views, an episode of several fragments (and obs with its final observation) concatenated."""
+    index = {k: frags[k][()] for k in ("eps_id", "first_row", "num_rows", "t_start", "has_last_obs")}
+    last_obs = frags["last_obs"][()] if "last_obs" in frags else None
+    parts: dict[bytes, list[int]] = {}
+    for i, eps in enumerate(index["eps_id"].tolist()):
+        parts.setdefault(eps, []).append(i)
+    episodes = []
+    firsts, nums, has_last = index["first_row"].tolist(), index["num_rows"].tolist(), index["has_last_obs"].tolist()
+    for where in parts.values():
+        where.sort(key=lambda i: index["t_start"][i])
+        episode = {c: (v[firsts[where[0]]:firsts[where[0]] + nums[where[0]]] if len(where) == 1 else
+                       np.concatenate([v[firsts[i]:firsts[i] + nums[i]] for i in where])) for c, v in columns.items()}
+        if last_obs is not None and has_last[where[-1]]:
+            episode["obs"] = np.concatenate([episode["obs"], last_obs[where[-1]:where[-1] + 1]])
+        episodes.append(episode)
+    return episodes
 
 
 def _stacks_by_hand(obs: Any, frags: Any) -> np.ndarray:

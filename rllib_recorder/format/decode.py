@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import h5py
 import numpy as np
 
@@ -27,7 +29,7 @@ def row_shape(dataset: h5py.Dataset) -> tuple[int, ...]:
 def read_rows(dataset: h5py.Dataset, rows: slice, decode: bool = True) -> np.ndarray:
     """Rows of a column as recorded: ``affine_uint8`` codes decoded to float32 (unless ``decode`` is False), the
     frame stacks of a frame-stacked step column rebuilt from its newest frames and its fragments' head frames."""
-    attrs = dataset.attrs
+    attrs = column_attrs(dataset)
     stack = attrs.get(FRAME_STACK_ATTR)
     if stack is None:
         values = stored_rows(dataset, rows) if DELTA_ATTR in attrs else dataset[rows]
@@ -55,10 +57,29 @@ def read_rows(dataset: h5py.Dataset, rows: slice, decode: bool = True) -> np.nda
     return unstack_frames(newest, newest_start, head_frames, first_rows[lo:hi], start, stop)
 
 
+# A column's attributes, read once while a reader holds its dataset (h5py looks each one up in the file on every
+# access: a fifth of a CartPole block's reading time went to them). A column's attributes are set when it is
+# created; a column rewritten (widened, unstacked) is a new dataset.
+_ATTRS: "weakref.WeakKeyDictionary[h5py.Dataset, dict]" = weakref.WeakKeyDictionary()
+
+
+def column_attrs(dataset: h5py.Dataset) -> dict:
+    """The attributes of ``dataset`` as a dict, read once while it is held."""
+    try:
+        return _ATTRS[dataset]
+    except (KeyError, TypeError):
+        attrs = dict(dataset.attrs)
+        try:
+            _ATTRS[dataset] = attrs
+        except TypeError:  # not weakly referable: read each time
+            pass
+        return attrs
+
+
 def stored_rows(dataset: h5py.Dataset, rows: slice) -> np.ndarray:
     """Rows of a column as the writer was given them: a column stored as frame deltas (``frames.xor_encode``) is
     read from the key row at or before ``rows.start`` and decoded (``frames.xor_decode``); others as they are."""
-    if dataset.attrs.get(DELTA_ATTR) is None:
+    if column_attrs(dataset).get(DELTA_ATTR) is None:
         return dataset[rows]
     start, stop, step = rows.indices(dataset.shape[0])
     if step != 1:
@@ -86,6 +107,6 @@ def same_encoding(a: h5py.Dataset, b: h5py.Dataset) -> bool:
 
 def decode_uint8(dataset: h5py.Dataset, values: np.ndarray) -> np.ndarray:
     """Float32 values of an ``affine_uint8`` column's codes (anything else is returned as is)."""
-    if dataset.attrs.get("encoding") != "affine_uint8":
+    if column_attrs(dataset).get("encoding") != "affine_uint8":
         return values
     return decode_codes(values, dataset.attrs["scale"], dataset.attrs["offset"])

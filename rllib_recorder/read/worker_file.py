@@ -148,11 +148,18 @@ class WorkerFile:
         """Paths of ``agent``'s step columns (``obs``, ``obs/pos``, ``actions``, ``extra_model_outputs/vf_preds``)."""
         if agent in self._paths:
             return self._paths[agent]
+        stamp = probe.stamp(self.path)
+        known = _PATHS.get((self.path, agent))
+        if known is not None and known[0] == stamp:  # this file, unchanged, listed before in this process
+            self._paths[agent] = known[1]
+            return known[1]
         paths: list[str] = []
         self._node(f"agents/{agent}/steps").visititems(
             lambda path, node: paths.append(path) if isinstance(node, h5py.Dataset) else None)
         if self.num_rows(agent):  # fixed from the agent's first rows on
             self._paths[agent] = paths
+            if stamp is not None:
+                _PATHS[self.path, agent] = (stamp, paths)
         return paths
 
     def _step_column(self, agent: str, path: str) -> Any:
@@ -308,6 +315,8 @@ class WorkerFile:
 # (path, size, mtime, inode) of each file whose virtual datasets were checked in this process, and what they read
 # from outside the file's own segments: a finished file is read again without walking every object of it again.
 _CHECKED: dict[str, tuple[tuple[int, int, int], list[str]]] = {}
+# ... and the paths of each agent's step columns, by (path, agent), with the file's stamp when they were listed.
+_PATHS: dict[tuple[str, str], tuple[tuple[int, int, int], list[str]]] = {}
 
 
 def _foreign_sources(path: str, h5: h5py.File) -> list[str]:
