@@ -263,6 +263,11 @@ class WorkerFile:
     def row_bytes(self, agent: str, columns: Sequence[str] | None = None) -> int:
         """Bytes of one of ``agent``'s step rows as the reader gives them (uint8 codes as float32, stacks rebuilt);
         ``columns``: of those step columns only (paths, or the first part of paths: ``obs`` for ``obs/pos``)."""
+        key = (self.path, agent, None if columns is None else tuple(columns))
+        stamp = probe.stamp(self.path)
+        known = _ROW_BYTES.get(key)
+        if known is not None and known[0] == stamp:
+            return known[1]
         total = 0
         for path in self.column_paths(agent):
             if columns is not None and path not in columns and path.split("/")[0] not in columns:
@@ -271,6 +276,8 @@ class WorkerFile:
             itemsize = 4 if column.attrs.get("encoding") == "affine_uint8" else column.dtype.itemsize
             itemsize = 8 if column.dtype == object else itemsize
             total += int(np.prod(decode.row_shape(column), dtype=np.int64)) * itemsize
+        if stamp is not None and self.num_rows(agent):
+            _ROW_BYTES[key] = (stamp, max(1, total))
         return max(1, total)
 
     def batches(self) -> dict[str, np.ndarray]:
@@ -317,6 +324,7 @@ class WorkerFile:
 _CHECKED: dict[str, tuple[tuple[int, int, int], list[str]]] = {}
 # ... and the paths of each agent's step columns, by (path, agent), with the file's stamp when they were listed.
 _PATHS: dict[tuple[str, str], tuple[tuple[int, int, int], list[str]]] = {}
+_ROW_BYTES: dict[tuple[str, str, Any], tuple[tuple[int, int, int], int]] = {}
 
 
 def _foreign_sources(path: str, h5: h5py.File) -> list[str]:
