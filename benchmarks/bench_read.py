@@ -13,15 +13,16 @@ Baselines, plain h5py with numpy written by hand, on the same columns as the rea
   h5py_all   every step column (what episodes() reads), and the fragments' infos
   h5py_f32   Breakout: the five columns plus docs/FORMAT.md's decode by hand: frame deltas undone, 84x84x4 stacks
              rebuilt, float32 = code * scale + offset (the physical limit for float32 stacks from this data)
+  h5py_u8    Breakout: the same, the stacks left as uint8 codes (what decode=False gives)
   h5py_eps   CartPole: the five columns cut into episodes by hand from the episode index (views of one fragment's
              rows, concatenation across fragments and for the final observation), as a user of plain h5py would
 Readers (ratio against the baseline in brackets):
   iter       run.iter_batches(BATCH, columns=the five) [CartPole: h5py; Breakout: h5py_f32]
-  iter_u8    the same with decode=False: frames as uint8 codes, stacks rebuilt [h5py] (Breakout only)
+  iter_u8    the same with decode=False: frames as uint8 codes, stacks rebuilt [h5py_u8] (Breakout only)
   iter_next  the same as iter with next_obs and shuffle=True (a 64k-row buffer) [h5py / h5py_f32]
   episodes5  run.episodes(columns=the five) [CartPole: h5py_eps, and h5py in the notes; Breakout: h5py_f32]
-  episodes   run.episodes(): every column, infos, policy lag [h5py_all]
-  episodes_u8  run.episodes(decode=False, columns=the five) (Breakout only) [h5py]
+  episodes   run.episodes(): every column, infos, policy lag [CartPole: h5py_all; Breakout: h5py_f32]
+  episodes_u8  run.episodes(decode=False, columns=the five) (Breakout only) [h5py_u8]
   ray1/ray2  run.to_ray_dataset with 1 and 2 read tasks, iter_batches of the same size in the driver
   parquet    RLlib's parquet from `export --to rllib`, read by ray.data.read_parquet (2 CPUs)
   minari     Minari's loader on the `export --to minari` dataset, iterate_episodes
@@ -50,13 +51,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
 
-READERS = ("h5py", "h5py_all", "h5py_f32", "h5py_eps", "iter", "iter_u8", "iter_next", "episodes5", "episodes", "episodes_u8",
+READERS = ("h5py", "h5py_all", "h5py_f32", "h5py_u8", "h5py_eps", "iter", "iter_u8", "iter_next", "episodes5", "episodes", "episodes_u8",
            "ray1", "ray2", "parquet", "minari")
-IMAGE_ONLY = ("iter_u8", "episodes_u8", "h5py_f32")
+IMAGE_ONLY = ("iter_u8", "episodes_u8", "h5py_f32", "h5py_u8")
 # The baseline each reader is compared with: plain h5py doing the same work (module docstring).
 BASELINE = {"cartpole": {"iter": "h5py", "iter_next": "h5py", "episodes5": "h5py_eps", "episodes": "h5py_all"},
-            "breakout": {"iter": "h5py_f32", "iter_next": "h5py_f32", "episodes5": "h5py_f32", "iter_u8": "h5py",
-                         "episodes_u8": "h5py", "episodes": "h5py_all"}}
+            "breakout": {"iter": "h5py_f32", "iter_next": "h5py_f32", "episodes5": "h5py_f32", "iter_u8": "h5py_u8",
+                         "episodes_u8": "h5py_u8", "episodes": "h5py_f32"}}
 COLUMNS = ["obs", "actions", "rewards", "terminateds", "truncateds"]
 OBS_BYTES = {"cartpole": 4 * 4, "breakout": 84 * 84 * 4 * 4}
 # Rows per batch: a Breakout row is 113 KB of float32 frames as the reader gives them (256 rows: 29 MB).
@@ -203,8 +204,8 @@ def _plain(reader: str, run_dir: str) -> int:
                 columns = {c: group[c][()] for c in COLUMNS}
                 if "frame_stack" in group["obs"].attrs:
                     columns["head_obs"] = frags["head_obs"][()]
-                if reader == "h5py_f32":
-                    columns["obs"] = _stacks_by_hand(group["obs"], frags)
+                if reader in ("h5py_f32", "h5py_u8"):
+                    columns["obs"] = _stacks_by_hand(group["obs"], frags, reader == "h5py_f32")
             steps += len(group["rewards"])
     return steps
 
@@ -229,13 +230,14 @@ def _episodes_by_hand(columns: dict[str, np.ndarray], frags: Any) -> list[dict[s
     return episodes
 
 
-def _stacks_by_hand(obs: Any, frags: Any) -> np.ndarray:
-    """docs/FORMAT.md's decode of a frame-stacked, frame-delta column, by hand: float32 stacks of every row."""
+def _stacks_by_hand(obs: Any, frags: Any, to_float: bool = True) -> np.ndarray:
+    """docs/FORMAT.md's decode of a frame-stacked, frame-delta column, by hand: the stacks of every row, float32
+    (``code * scale + offset``) or as uint8 codes."""
     newest = obs[()][..., 0]
     first, num = frags["first_row"][()], frags["num_rows"][()]
     heads, k = frags["head_obs"][()], int(obs.attrs["frame_stack"])
     every = int(obs.attrs.get("delta_key_rows", 0))
-    out = np.empty(newest.shape + (k,), np.float32)
+    out = np.empty(newest.shape + (k,), np.float32 if to_float else np.uint8)
     scale, offset = np.float32(obs.attrs["scale"]), np.float32(obs.attrs["offset"])
     for i, (a, n) in enumerate(zip(first.tolist(), num.tolist())):
         rows = newest[a:a + n]
@@ -244,8 +246,11 @@ def _stacks_by_hand(obs: Any, frags: Any) -> np.ndarray:
                 np.bitwise_xor.accumulate(rows[b:b + every], axis=0, out=rows[b:b + every])
         frames = np.concatenate([np.moveaxis(heads[i], -1, 0), rows])
         for j in range(k):
-            np.multiply(frames[j:j + n], scale, out=out[a:a + n, ..., j])
-            out[a:a + n, ..., j] += offset
+            if to_float:
+                np.multiply(frames[j:j + n], scale, out=out[a:a + n, ..., j])
+                out[a:a + n, ..., j] += offset
+            else:
+                out[a:a + n, ..., j] = frames[j:j + n]
     return out
 
 
