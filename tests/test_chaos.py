@@ -33,15 +33,25 @@ CASES = {
 }
 
 
-def _runner_pids(algo, timeout: float = 60.0) -> dict[int, int]:
+def _alive(pid) -> bool:
+    try:
+        with open(f"/proc/{int(pid)}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def _runner_pids(algo, dead=(), timeout: float = 60.0) -> dict[int, int]:
     """Each remote env runner's pid, from Ray's actor table (RLlib's own call skips runners it has taken out of
-    service, which may be all of them just after a kill), once every runner is alive."""
+    service, which may be all of them just after a kill), once every runner is alive. Ray's table may still name a
+    process just killed as alive: a pid in ``dead`` or no longer running is waited out."""
     from ray._private import state
 
     deadline = time.time() + timeout
     while time.time() < deadline:
         infos = {i: state.actors(a._actor_id.hex()) for i, a in algo.env_runner_group._worker_manager.actors().items()}
-        if all(info.get("State") == "ALIVE" and info.get("Pid") for info in infos.values()):
+        if all(info.get("State") == "ALIVE" and info.get("Pid") and info["Pid"] not in dead and _alive(info["Pid"])
+               for info in infos.values()):
             return {i: int(info["Pid"]) for i, info in infos.items()}
         time.sleep(0.2)
     raise AssertionError(f"env runners not alive within {timeout} s: {infos}")
@@ -86,7 +96,7 @@ def test_env_runners_and_writers_killed_at_random_moments_with_rllib_defaults_lo
     run_dir = results[0]["recorder"]["run_dir"]
     try:
         for fault in faults:
-            pids = _runner_pids(algo)
+            pids = _runner_pids(algo, dead={pid for _, pid in killed})
             index = rng.choice(sorted(pids))
             if fault == "between":  # the learner's update outlasts Ray's restart: RLlib never notices
                 time.sleep(rng.uniform(0.0, 0.5))
