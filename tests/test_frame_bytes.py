@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from rllib_recorder.cli import main
-from rllib_recorder.errors import ReplayError
+from rllib_recorder.errors import RecorderError, ReplayError
 from rllib_recorder.format import datasets, frames, start_state
 from rllib_recorder.format.manifest import write_manifest
 from rllib_recorder.read.run import open_run
@@ -202,3 +202,45 @@ def test_frame_delta_off_stores_frames_as_they_are(tmp_path):
         want = episodes[0].get_observations()[:-1]
         np.testing.assert_array_equal(obs[()], np.round((want + 1) * 128))
     assert frames.DELTA_KEY_ROWS == 128
+
+
+def _recompress_with_unknown_filter(path: str, column: str, filter_id: int) -> None:
+    """Rewrites ``column`` of a worker file as a user's ``h5repack -f`` with a plugin codec would (the filter named
+    in the dataset's pipeline, its chunks written through as the plugin would have left them)."""
+    with h5py.File(path, "r+") as h5:
+        old = h5[column]
+        values, attrs, chunks = old[()], dict(old.attrs), old.chunks
+        del h5[column]
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_chunk(chunks)
+        dcpl.set_filter(filter_id, h5py.h5z.FLAG_OPTIONAL, (3,))  # HDF5 keeps a filter it cannot load as optional
+        space = h5py.h5s.create_simple(values.shape, (h5py.h5s.UNLIMITED,) + values.shape[1:])
+        new = h5py.Dataset(h5py.h5d.create(h5.id, column.encode(), h5py.h5t.py_create(values.dtype), space,
+                                           dcpl=dcpl))
+        for start in range(0, len(values), chunks[0]):
+            block = np.zeros(chunks, values.dtype)
+            block[:len(values[start:start + chunks[0]])] = values[start:start + chunks[0]]
+            new.id.write_direct_chunk((start,) + (0,) * (values.ndim - 1), block.tobytes(), filter_mask=0)
+        new.attrs.update(attrs)
+
+
+@pytest.mark.skipif(h5py.h5z.filter_avail(32015), reason="this HDF5 has a zstd filter")
+def test_a_column_compressed_with_a_plugin_this_h5py_lacks_gets_one_line_naming_filter_and_fix(recorded_breakout,
+                                                                                              tmp_path):
+    import shutil
+
+    run = str(tmp_path / "run")
+    shutil.copytree(recorded_breakout, run)
+    path = os.path.join(run, "worker-001.h5")
+    _recompress_with_unknown_filter(path, "agents/default_agent/steps/obs", 32015)
+    with h5py.File(path, "r") as h5, pytest.raises(OSError, match="plugin"):  # plain h5py: a plugin directory
+        h5["agents/default_agent/steps/obs"][:1]
+    with pytest.raises(RecorderError) as caught, open_run(run) as opened:
+        next(opened.iter_batches(64, columns=["obs"]))
+    message = str(caught.value)
+    assert "\n" not in message and "32015 (zstd)" in message and "pip install hdf5plugin" in message, message
+    assert "agents/default_agent/steps/obs" in message and path in message
+    for argv in (["verify", run], ["info", run], ["replay", run, "--check"]):
+        result = CliRunner().invoke(main, argv)
+        assert result.exit_code == 2 and "32015 (zstd)" in result.output and "Traceback" not in result.output, \
+            (argv, result.output)

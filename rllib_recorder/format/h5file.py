@@ -78,3 +78,36 @@ def validate_header(h5: h5py.File, path: str) -> None:
     if h5.attrs.get("format") != FORMAT_NAME:
         raise SchemaError(f"{path} is an HDF5 file but not an rllib_recorder worker file")
     check_version(h5.attrs.get("schema_version"), path)
+
+
+# Filters a recording may come to hold that HDF5 and h5py lack: a user's h5repack of the files, or another writer.
+# h5py decodes gzip, shuffle, fletcher32, scaleoffset, szip (where built) and lzf itself.
+PLUGIN_FILTERS = {307: "bzip2", 32001: "blosc", 32004: "lz4", 32008: "bitshuffle", 32013: "zfp", 32015: "zstd",
+                  32017: "sz", 32018: "fcidecomp", 32024: "sz3", 32026: "blosc2"}
+
+
+def unavailable_filters(dataset: h5py.Dataset) -> list[int]:
+    """The ids of the filters ``dataset`` is stored with that this HDF5 cannot decode (none for a virtual one)."""
+    plist = dataset.id.get_create_plist()
+    ids = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
+    missing = [i for i in ids if not h5py.h5z.filter_avail(i)]
+    if missing and _load_filter_plugins():
+        missing = [i for i in missing if not h5py.h5z.filter_avail(i)]
+    return missing
+
+
+def _load_filter_plugins() -> bool:
+    """Registers hdf5plugin's filters if that package is installed (True if it was loaded now)."""
+    try:
+        import hdf5plugin  # noqa: F401  (registers its filters with HDF5 on import)
+    except ImportError:
+        return False
+    return True
+
+
+def filter_error(path: str, column: str, filter_id: int) -> SchemaError:
+    """One line for a column whose filter this HDF5 lacks, naming the filter and the fix."""
+    name = PLUGIN_FILTERS.get(filter_id, "a filter this HDF5 does not know")
+    return SchemaError(f"{path}: {column} is compressed with HDF5 filter {filter_id} ({name}), which this h5py cannot "
+                       "decode; pip install hdf5plugin (rllib_recorder loads it when present), or rewrite the file "
+                       f"with gzip: h5repack -f GZIP=1 {path} OUT.h5")

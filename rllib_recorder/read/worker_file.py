@@ -328,14 +328,29 @@ _ROW_BYTES: dict[tuple[str, str, Any], tuple[tuple[int, int, int], int]] = {}
 
 
 def _foreign_sources(path: str, h5: h5py.File) -> list[str]:
+    """What ``segments.foreign_sources`` finds; a column stored with a filter this HDF5 lacks is a one-line
+    SchemaError here, before any of it is read (HDF5's own error names a plugin directory, not the filter)."""
     stamp = probe.stamp(path)
     known = _CHECKED.get(path)
     if stamp is not None and known is not None and known[0] == stamp:
         return known[1]
     found = segments.foreign_sources(h5, os.path.basename(path)[:-3], segments.segment_list(h5))
+    _check_filters(path, h5)
     if stamp is not None and stamp == probe.stamp(path):
         _CHECKED[path] = (stamp, found)
     return found
+
+
+def _check_filters(path: str, h5: h5py.File) -> None:
+    lacking: list[tuple[str, int]] = []
+
+    def visit(name: str, obj: Any) -> None:
+        if not lacking and isinstance(obj, h5py.Dataset) and not obj.is_virtual and obj.chunks is not None:
+            lacking.extend((name, i) for i in h5file.unavailable_filters(obj))
+
+    h5.visititems(visit)
+    if lacking:
+        raise h5file.filter_error(path, *lacking[0])
 
 
 def read_node(node: Any, rows: slice, decode_codes: bool = True) -> Any:
