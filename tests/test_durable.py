@@ -463,7 +463,7 @@ def test_the_store_down_at_stop_ends_within_its_bound_in_one_line_and_recover_pu
     from rllib_recorder.format.manifest import read_manifest
 
     algo = _config(s3.uri("runs/exp"), tmp_path / "staging", "down-at-stop", segment_s=0.3,
-                   stop_upload_timeout_s=10.0).build_algo()
+                   stop_upload_timeout_s=3.0).build_algo()
     try:
         algo.train()
         s3.stop()
@@ -478,7 +478,7 @@ def test_the_store_down_at_stop_ends_within_its_bound_in_one_line_and_recover_pu
     staged = last["recorder"]["run_dir"]
     said = [r.getMessage() for r in caplog.records if r.name.startswith("rllib_recorder") and r.levelno >= logging.WARNING]
     pending = read_manifest(staged)["publish_pending"]
-    assert took < 10.0 + 25.0, took  # the bound, and a request's own retries (~6 s against a server that is down)
+    assert took < 3.0 + 25.0, took  # the bound, and a request's own retries (~6 s against a server that is down)
     assert len(said) == 1 and pending["command"] in said[0] and staged in said[0], said
     assert pending["segments"] >= 1 and pending["staging_dir"] == staged
     from tests.s3server import ACCESS_KEY, SECRET_KEY

@@ -256,7 +256,7 @@ def test_a_file_hdf5_loops_on_gives_a_one_line_error_not_a_hang(undamaged_run, t
     env = {**os.environ, "RLLIB_RECORDER_PROBE": "0"}
     with pytest.raises(subprocess.TimeoutExpired):  # the damage is real: unprobed, HDF5 never returns
         subprocess.run([sys.executable, "-m", "rllib_recorder.cli", "info", run_dir], cwd=ROOT, env=env,
-                       capture_output=True, timeout=10)
+                       capture_output=True, timeout=5)
 
     monkeypatch.setenv("RLLIB_RECORDER_PROBE_TIMEOUT_S", "3")
     for command in ([c, run_dir] for c in ("info", "verify", "recover", "replay")):
