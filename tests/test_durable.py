@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import h5py
 import numpy as np
@@ -43,7 +44,10 @@ def s3_run(ray_session, s3, tmp_path_factory):
     """A PPO run recorded to s3://runs/exp/<run>, sealed every 0.3 s: several segments per runner."""
     staging = tmp_path_factory.mktemp("staging")
     algo = _config(s3.uri("runs/exp"), staging, "sealed", segment_s=0.3).build_algo()
-    results = [algo.train() for _ in range(5)]
+    results = []
+    for _ in range(5):  # each iteration a little over segment_s after the last, however fast the machine trains
+        results.append(algo.train())
+        time.sleep(0.4)
     algo.stop()
     return {"uri": s3.uri("runs/exp/sealed"), "staging": str(staging), "results": results,
             "sampled": _sampled(results[-1]), "cache": str(tmp_path_factory.mktemp("cache"))}
@@ -188,7 +192,6 @@ def test_past_the_upload_backlog_the_configured_backpressure_applies_and_verify_
     """The store down, and the upload backlog past max_upload_backlog_bytes (0 here: one waiting segment): the writer
     takes no more chunks, the runner's spool fills, and backpressure='drop' drops and counts; once the store is
     back, the backlog goes up and recording resumes. verify names every dropped step; no step is unexplained."""
-    import time
 
     from ray.rllib.algorithms.ppo import PPOConfig
 
@@ -327,7 +330,6 @@ def test_a_sigkilled_driver_recording_to_s3_is_published_by_recover(s3, tmp_path
     everything, and the run at its URI holds every step the runners handed over, value by value."""
     import random
     import signal
-    import time
 
     from click.testing import CliRunner
 
@@ -455,7 +457,6 @@ def test_the_store_down_at_stop_ends_within_its_bound_in_one_line_and_recover_pu
     completes the run, and the manifest says so; once the store is back, that command completes it."""
     import logging
     import shlex
-    import time
 
     from click.testing import CliRunner
 
