@@ -45,7 +45,7 @@ def train(experiment: str, stop_iters: int | None, stop_timesteps: int | None, o
 
     \b
     Example (the run goes to recordings/<experiment>/<trial dir>; Tune's own files to recordings/_tune):
-      rllib-recorder train configs/cartpole-ppo.yaml --stop-iters 2
+      rllib-recorder train configs/cartpole-ppo.yaml --stop-iters 1
       rllib-recorder train configs/cartpole-ppo.yaml --check
     """
     import time

@@ -128,10 +128,13 @@ def test_train_shows_progress_and_a_summary_not_a_wall_of_logs(tmp_path):
         assert run.manifest["env"] == "CartPole-v1" and run.num_env_steps == 400
 
 
-def test_train_verbose_shows_rays_own_output(tmp_path):
-    proc = _train(tmp_path, "--verbose", "--stop-iters", "1")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "Trial status" in proc.stdout and "recorded run: out/tiny/" in proc.stdout, proc.stdout[-3000:]
+def test_train_verbose_shows_rays_own_output(ray_session, tmp_path, monkeypatch):
+    """In this process, on the session's Ray (the quiet default is checked in a process of its own above)."""
+    (tmp_path / "tiny.yaml").write_text(TINY_YAML)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["train", "tiny.yaml", "--output-dir", "out", "--verbose", "--stop-iters", "1"])
+    assert result.exit_code == 0, result.output[-3000:]
+    assert "Trial status" in result.stdout and "recorded run: out/tiny/" in result.stdout, result.stdout[-3000:]
 
 
 def test_long_commands_show_a_progress_bar_on_a_terminal(recorded_cartpole):

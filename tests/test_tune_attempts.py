@@ -84,7 +84,7 @@ def test_pbt_pauses_and_resumes_trials_into_their_own_runs(ray_session, tmp_path
                                   hyperparam_mutations={"lr": [1e-5, 1e-4, 1e-3]}, quantile_fraction=0.5)
     tuner = tune.Tuner(config.algo_class, param_space=config, tune_config=tune.TuneConfig(
         scheduler=pbt, metric="env_runners/num_env_steps_sampled_lifetime", mode="max", max_concurrent_trials=2),
-        run_config=tune.RunConfig(name="pbt", stop={"training_iteration": 3}, storage_path=str(tmp_path / "tune"),
+        run_config=tune.RunConfig(name="pbt", stop={"training_iteration": 2}, storage_path=str(tmp_path / "tune"),
                                   verbose=0, checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=1)))
     results = tuner.fit()
     assert not results.errors
