@@ -32,7 +32,7 @@ def read_rows(dataset: h5py.Dataset, rows: slice, decode: bool = True) -> np.nda
     attrs = column_attrs(dataset)
     stack = attrs.get(FRAME_STACK_ATTR)
     if stack is None:
-        values = stored_rows(dataset, rows) if DELTA_ATTR in attrs else dataset[rows]
+        values = stored_rows(dataset, rows) if DELTA_ATTR in attrs else row_range(dataset, rows)
         return decode_uint8(dataset, values) if decode else values
     start, stop, step = rows.indices(dataset.shape[0])
     if step != 1:
@@ -97,7 +97,22 @@ def stored_rows(dataset: h5py.Dataset, rows: slice) -> np.ndarray:
     keys = delta_key_rows(firsts, counts, 0, stop, int(dataset.attrs[DELTA_KEY_ATTR]))
     before = keys[keys <= start]
     key = int(before[-1]) if len(before) else start  # rows before any fragment (none in a sound file): as stored
-    return xor_decode(dataset[key:stop], keys[keys >= key], key)[start - key:]
+    return xor_decode(row_range(dataset, slice(key, stop)), keys[keys >= key], key)[start - key:]
+
+
+def row_range(dataset: h5py.Dataset, rows: slice) -> np.ndarray:
+    """``dataset[rows]``; contiguous rows of a numeric column are read through h5py's low-level API, without the
+    high-level selection machinery (0.6 ms of an 8 ms read of five 200,000-row CartPole columns)."""
+    start, stop, step = rows.indices(dataset.shape[0]) if dataset.shape else (0, 0, 0)
+    dtype = dataset.dtype
+    if step != 1 or stop <= start or dtype.kind not in "biuf" or dtype.metadata:
+        return dataset[rows]
+    shape = (stop - start,) + dataset.shape[1:]
+    out = np.empty(shape, dtype)
+    space = dataset.id.get_space()
+    space.select_hyperslab((start,) + (0,) * (len(shape) - 1), shape)
+    dataset.id.read(h5py.h5s.create_simple(shape), space, out)
+    return out
 
 
 def same_encoding(a: h5py.Dataset, b: h5py.Dataset) -> bool:

@@ -202,11 +202,23 @@ def _in_order(blocks: Iterator[dict[str, np.ndarray]], batch_size: int,
         n = len(next(iter(block.values())))
         if not n:
             continue
-        parts.append(block)
-        held += n
-        while held >= batch_size:
+        at = 0
+        if parts:  # a batch begun in the blocks before: completed from this one
+            if held + n < batch_size:
+                parts.append(block)
+                held += n
+                continue
+            at = batch_size - held
+            parts.append({key: v[:at] for key, v in block.items()})
             yield _cut(parts, batch_size)
-            held -= batch_size
+            held = 0
+        items = list(block.items())
+        while at + batch_size <= n:  # whole batches of this block: views, no dict of the rest made each time
+            yield {key: v[at:at + batch_size] for key, v in items}
+            at += batch_size
+        if at < n:
+            parts.append({key: v[at:] for key, v in items})
+            held = n - at
     if held and not drop_last:
         yield _cut(parts, held)
 

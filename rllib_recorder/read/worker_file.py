@@ -167,7 +167,14 @@ class WorkerFile:
         key = f"agents/{agent}/steps/{path}"
         node = self._nodes.get(key)
         if node is None:
-            node = self._nodes[key] = self._node(key)
+            steps = self._nodes.get(f"agents/{agent}/steps")
+            if steps is None:
+                steps = self._nodes[f"agents/{agent}/steps"] = self._node(f"agents/{agent}/steps")
+            try:  # from the held group: HDF5 walks one level, not four
+                node = steps[path]
+            except (KeyError, OSError, RuntimeError, ValueError):
+                node = self._node(key)  # a missing column a KeyError, damage one line
+            self._nodes[key] = node
         return node
 
     def batches_in_order(self, start: int = 0) -> Iterator[Batch]:
