@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import weakref
+from typing import Any
 
 import h5py
 import numpy as np
@@ -125,3 +126,14 @@ def decode_uint8(dataset: h5py.Dataset, values: np.ndarray) -> np.ndarray:
     if column_attrs(dataset).get("encoding") != "affine_uint8":
         return values
     return decode_codes(values, dataset.attrs["scale"], dataset.attrs["offset"])
+
+
+def read_node(node: Any, rows: slice, decode_codes: bool = True) -> Any:
+    """Rows of a step column as recorded: a dataset's rows (``read_rows``), or a nested space's group as the
+    tuple or dict of its members' rows."""
+    if isinstance(node, h5py.Dataset):
+        return read_rows(node, rows, decode_codes)
+    kind = node.attrs.get("container", "dict")
+    if kind == "tuple":
+        return tuple(read_node(node[str(i)], rows, decode_codes) for i in range(len(node)))
+    return {k: read_node(v, rows, decode_codes) for k, v in node.items()}

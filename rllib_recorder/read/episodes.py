@@ -15,6 +15,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from rllib_recorder.format import infos as infos_codec
+from rllib_recorder.format.decode import read_node
 from rllib_recorder.format.lag import step_lags
 from rllib_recorder.read.records import MISSING, Episode, FileOfSteps
 
@@ -40,8 +41,6 @@ class Fragments:
     def __init__(self, f: FileOfSteps, agent: str, frags: dict[str, np.ndarray], row_bytes: int,
                  only: Sequence[int] | None = None, decode: bool = True, learner: np.ndarray | None = None,
                  columns: Sequence[str] | None = None) -> None:
-        from rllib_recorder.read.worker_file import read_node
-
         self._read_node = read_node
         self.frags, self.agent, self.worker = frags, agent, f.worker_index
         self.steps = f.h5[f"agents/{agent}/steps"]

@@ -9,7 +9,8 @@ import h5py
 import numpy as np
 
 from rllib_recorder.errors import SchemaError
-from rllib_recorder.format import commits, decode, h5file, probe, segments
+from rllib_recorder.format import commits, h5file, probe, segments
+from rllib_recorder.format.decode import read_node, row_shape
 from rllib_recorder.format.lag import rows_learner_version, step_lags
 from rllib_recorder.read import episodes
 from rllib_recorder.read.multi_agent import to_multi_agent_episode
@@ -282,7 +283,7 @@ class WorkerFile:
             column = self._step_column(agent, path)
             itemsize = 4 if column.attrs.get("encoding") == "affine_uint8" else column.dtype.itemsize
             itemsize = 8 if column.dtype == object else itemsize
-            total += int(np.prod(decode.row_shape(column), dtype=np.int64)) * itemsize
+            total += int(np.prod(row_shape(column), dtype=np.int64)) * itemsize
         if stamp is not None and self.num_rows(agent):
             _ROW_BYTES[key] = (stamp, max(1, total))
         return max(1, total)
@@ -358,12 +359,3 @@ def _check_filters(path: str, h5: h5py.File) -> None:
     h5.visititems(visit)
     if lacking:
         raise h5file.filter_error(path, *lacking[0])
-
-
-def read_node(node: Any, rows: slice, decode_codes: bool = True) -> Any:
-    if isinstance(node, h5py.Dataset):
-        return decode.read_rows(node, rows, decode_codes)
-    kind = node.attrs.get("container", "dict")
-    if kind == "tuple":
-        return tuple(read_node(node[str(i)], rows, decode_codes) for i in range(len(node)))
-    return {k: read_node(v, rows, decode_codes) for k, v in node.items()}
