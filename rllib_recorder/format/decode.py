@@ -33,7 +33,7 @@ def read_rows(dataset: h5py.Dataset, rows: slice, decode: bool = True) -> np.nda
     attrs = column_attrs(dataset)
     stack = attrs.get(FRAME_STACK_ATTR)
     if stack is None:
-        values = stored_rows(dataset, rows) if DELTA_ATTR in attrs else row_range(dataset, rows)
+        values = stored_rows(dataset, rows)
         return decode_uint8(dataset, values) if decode else values
     start, stop, step = rows.indices(dataset.shape[0])
     if step != 1:
@@ -80,8 +80,9 @@ def column_attrs(dataset: h5py.Dataset) -> dict:
 def stored_rows(dataset: h5py.Dataset, rows: slice) -> np.ndarray:
     """Rows of a column as the writer was given them: a column stored as frame deltas (``frames.xor_encode``) is
     read from the key row at or before ``rows.start`` and decoded (``frames.xor_decode``); others as they are."""
-    if column_attrs(dataset).get(DELTA_ATTR) is None:
-        return dataset[rows]
+    attrs = column_attrs(dataset)
+    if attrs.get(DELTA_ATTR) is None:
+        return row_range(dataset, rows)
     start, stop, step = rows.indices(dataset.shape[0])
     if step != 1:
         raise ValueError(f"column {dataset.name} stores frame deltas: it reads contiguous rows only (got step {step})")
@@ -95,7 +96,7 @@ def stored_rows(dataset: h5py.Dataset, rows: slice) -> np.ndarray:
     at = max(int(np.searchsorted(first_rows, start, "right")) - 1, 0)  # the fragment holding row start
     hi = max(int(np.searchsorted(first_rows, stop, "left")), at + 1)
     firsts, counts = first_rows[at:hi], dataset.file[f"{fragments}/num_rows"][at:hi]
-    keys = delta_key_rows(firsts, counts, 0, stop, int(dataset.attrs[DELTA_KEY_ATTR]))
+    keys = delta_key_rows(firsts, counts, 0, stop, int(attrs[DELTA_KEY_ATTR]))
     before = keys[keys <= start]
     key = int(before[-1]) if len(before) else start  # rows before any fragment (none in a sound file): as stored
     return xor_decode(row_range(dataset, slice(key, stop)), keys[keys >= key], key)[start - key:]
@@ -123,9 +124,10 @@ def same_encoding(a: h5py.Dataset, b: h5py.Dataset) -> bool:
 
 def decode_uint8(dataset: h5py.Dataset, values: np.ndarray) -> np.ndarray:
     """Float32 values of an ``affine_uint8`` column's codes (anything else is returned as is)."""
-    if column_attrs(dataset).get("encoding") != "affine_uint8":
+    attrs = column_attrs(dataset)
+    if attrs.get("encoding") != "affine_uint8":
         return values
-    return decode_codes(values, dataset.attrs["scale"], dataset.attrs["offset"])
+    return decode_codes(values, attrs["scale"], attrs["offset"])
 
 
 def read_node(node: Any, rows: slice, decode_codes: bool = True) -> Any:

@@ -41,7 +41,6 @@ class Fragments:
     def __init__(self, f: FileOfSteps, agent: str, frags: dict[str, np.ndarray], row_bytes: int,
                  only: Sequence[int] | None = None, decode: bool = True, learner: np.ndarray | None = None,
                  columns: Sequence[str] | None = None) -> None:
-        self._read_node = read_node
         self.frags, self.agent, self.worker = frags, agent, f.worker_index
         self.steps = f.h5[f"agents/{agent}/steps"]
         self.group = f.h5[f"agents/{agent}/fragments"]
@@ -52,7 +51,6 @@ class Fragments:
         self.extras = (list(self.steps["extra_model_outputs"]) if "extra_model_outputs" in self.steps
                        and "extra_model_outputs" in wanted else [])
         self.wanted = wanted
-        self.states_wanted = "start_state" in wanted
         self.learner = learner
         self.rows_per_block = int(min(BLOCK_ROWS, max(1, BLOCK_BYTES // max(row_bytes, 1))))
         self.only, self.decode = only, decode
@@ -91,14 +89,14 @@ class Fragments:
                 j += 1
         lo, hi = int(first[i]), int(first[j - 1] + num[j - 1])
         rows = slice(lo, hi)
-        columns = {n: self._read_node(self.steps[n], rows, self.decode) for n in self.names}
-        columns.update({"extra_model_outputs/" + k: self._read_node(self.steps["extra_model_outputs"][k], rows)
+        columns = {n: read_node(self.steps[n], rows, self.decode) for n in self.names}
+        columns.update({"extra_model_outputs/" + k: read_node(self.steps["extra_model_outputs"][k], rows)
                         for k in self.extras})
-        last_obs = (self._read_node(self.group["last_obs"], slice(i, j), self.decode)
+        last_obs = (read_node(self.group["last_obs"], slice(i, j), self.decode)
                     if "last_obs" in self.group and "obs" in self.wanted else None)
         infos = self.group["infos"][i:j] if "infos" in self.group and "infos" in self.wanted else None
         coding = self.group["infos"].attrs.get("encoding") if infos is not None else None
-        kinds = self.group["start_state_kind"][i:j] if "start_state_kind" in self.group and self.states_wanted \
+        kinds = self.group["start_state_kind"][i:j] if "start_state_kind" in self.group and "start_state" in self.wanted \
             else None
         states = self.group["start_state"][i:j] if kinds is not None and any(kinds) else None  # one read a block
         states = _resolved(self.group, states, i, self._references) if states is not None else None

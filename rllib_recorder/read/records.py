@@ -24,8 +24,7 @@ _DEFAULTS = {"extra_model_outputs": dict, "infos": lambda: None, "module_id": st
              "start_state": bytes, "policy_lag": lambda: np.zeros(0, np.int64), "env_t": lambda: np.zeros(0, np.int64)}
 
 
-_MISSING = object()  # what a view's field() gives for a field it does not hold
-MISSING = _MISSING
+MISSING = object()  # what a view's field() gives for a field it does not hold
 
 
 class Episode:
@@ -53,7 +52,6 @@ class Episode:
         object.__setattr__(self, "_make", lazy or {})
         object.__setattr__(self, "_n", None)
 
-
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
@@ -63,8 +61,8 @@ class Episode:
             object.__setattr__(self, "_values", values)
         if name not in values:
             make = self._make
-            made = make.field(name) if hasattr(make, "field") else _MISSING
-            if made is not _MISSING:
+            made = make.field(name) if hasattr(make, "field") else MISSING
+            if made is not MISSING:
                 values[name] = made
             elif type(make) is dict and name in make:
                 values[name] = make.pop(name)()
