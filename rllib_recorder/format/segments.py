@@ -262,18 +262,10 @@ def segment_list(h5: h5py.File) -> list[dict[str, Any]] | None:
     return records
 
 
-def foreign_sources(h5: h5py.File, stem: str, records: list[dict[str, Any]] | None) -> list[str]:
-    """Files ``h5``'s virtual datasets read from other than its own segments (a plain worker file has none): HDF5
-    would read any file a virtual dataset names, so a reader refuses a file with one."""
-    allowed = {target_segment(stem, r["name"]) for r in records or []}
-    found: list[str] = []
-
-    def visit(_: str, obj: Any) -> None:
-        if isinstance(obj, h5py.Dataset) and obj.is_virtual:
-            found.extend(m.file_name for m in obj.virtual_sources() if m.file_name not in allowed)
-
-    h5.visititems(visit)
-    return sorted(set(found))
+def own_sources(stem: str, records: list[dict[str, Any]] | None) -> set[str]:
+    """The files an index's virtual datasets may read: its own segments (none for a plain worker file). HDF5 would
+    read any file a virtual dataset names, so a reader refuses a file whose virtual datasets name another."""
+    return {target_segment(stem, r["name"]) for r in records or []}
 
 
 def _open(path: str | None) -> h5py.File | None:

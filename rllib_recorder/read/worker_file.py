@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import h5py
 import numpy as np
@@ -149,18 +149,20 @@ class WorkerFile:
         """Paths of ``agent``'s step columns (``obs``, ``obs/pos``, ``actions``, ``extra_model_outputs/vf_preds``)."""
         if agent in self._paths:
             return self._paths[agent]
-        stamp = probe.stamp(self.path)
-        known = _PATHS.get((self.path, agent))
-        if known is not None and known[0] == stamp:  # this file, unchanged, listed before in this process
-            self._paths[agent] = known[1]
-            return known[1]
-        paths: list[str] = []
-        self._node(f"agents/{agent}/steps").visititems(
-            lambda path, node: paths.append(path) if isinstance(node, h5py.Dataset) else None)
-        if self.num_rows(agent):  # fixed from the agent's first rows on
+
+        fixed = True  # remembered in this process: listed when the agent had rows
+
+        def listed() -> list[str]:
+            nonlocal fixed
+            paths: list[str] = []
+            self._node(f"agents/{agent}/steps").visititems(
+                lambda path, node: paths.append(path) if isinstance(node, h5py.Dataset) else None)
+            fixed = self.num_rows(agent) > 0  # fixed from the agent's first rows on
+            return paths
+
+        paths = _remembered(_PATHS, (self.path, agent), self.path, listed, lambda: fixed)
+        if fixed:
             self._paths[agent] = paths
-            if stamp is not None:
-                _PATHS[self.path, agent] = (stamp, paths)
         return paths
 
     def _step_column(self, agent: str, path: str) -> Any:
@@ -271,22 +273,19 @@ class WorkerFile:
     def row_bytes(self, agent: str, columns: Sequence[str] | None = None) -> int:
         """Bytes of one of ``agent``'s step rows as the reader gives them (uint8 codes as float32, stacks rebuilt);
         ``columns``: of those step columns only (paths, or the first part of paths: ``obs`` for ``obs/pos``)."""
+        def counted() -> int:
+            total = 0
+            for path in self.column_paths(agent):
+                if columns is not None and path not in columns and path.split("/")[0] not in columns:
+                    continue
+                column = self._step_column(agent, path)
+                itemsize = 4 if column.attrs.get("encoding") == "affine_uint8" else column.dtype.itemsize
+                itemsize = 8 if column.dtype == object else itemsize
+                total += int(np.prod(row_shape(column), dtype=np.int64)) * itemsize
+            return max(1, total)
+
         key = (self.path, agent, None if columns is None else tuple(columns))
-        stamp = probe.stamp(self.path)
-        known = _ROW_BYTES.get(key)
-        if known is not None and known[0] == stamp:
-            return known[1]
-        total = 0
-        for path in self.column_paths(agent):
-            if columns is not None and path not in columns and path.split("/")[0] not in columns:
-                continue
-            column = self._step_column(agent, path)
-            itemsize = 4 if column.attrs.get("encoding") == "affine_uint8" else column.dtype.itemsize
-            itemsize = 8 if column.dtype == object else itemsize
-            total += int(np.prod(row_shape(column), dtype=np.int64)) * itemsize
-        if stamp is not None and self.num_rows(agent):
-            _ROW_BYTES[key] = (stamp, max(1, total))
-        return max(1, total)
+        return _remembered(_ROW_BYTES, key, self.path, counted, lambda: self.num_rows(agent) > 0)
 
     def batches(self) -> dict[str, np.ndarray]:
         """The batch index: one row per stored chunk."""
@@ -327,35 +326,48 @@ class WorkerFile:
                 f"batches={commit['batches']}, rows={rows})")
 
 
-# (path, size, mtime, inode) of each file whose virtual datasets were checked in this process, and what they read
-# from outside the file's own segments: a finished file is read again without walking every object of it again.
-_CHECKED: dict[str, tuple[tuple[int, int, int], list[str]]] = {}
-# ... and the paths of each agent's step columns, by (path, agent), with the file's stamp when they were listed.
-_PATHS: dict[tuple[str, str], tuple[tuple[int, int, int], list[str]]] = {}
-_ROW_BYTES: dict[tuple[str, str, Any], tuple[tuple[int, int, int], int]] = {}
+# What a reader found in a file before, by key, with the file's stamp (path, size, mtime, inode) then: a finished
+# file is read again without walking every object of it again, or listing its columns again.
+_CHECKED: dict[str, tuple[tuple[int, int, int], list[str]]] = {}  # virtual datasets' sources outside the file
+_PATHS: dict[tuple[str, str], tuple[tuple[int, int, int], list[str]]] = {}  # each agent's step column paths
+_ROW_BYTES: dict[tuple[str, str, Any], tuple[tuple[int, int, int], int]] = {}  # a row's bytes per columns asked
+
+
+def _remembered(cache: dict, key: Any, path: str, make: Callable[[], Any],
+                keep: Callable[[], bool] = lambda: True) -> Any:
+    """``cache[key]`` if it was made from the file at ``path`` as it is now (its stamp), else ``make()``, kept
+    when ``keep()`` says it is final and the file did not change while it was made."""
+    stamp = probe.stamp(path)
+    known = cache.get(key)
+    if stamp is not None and known is not None and known[0] == stamp:
+        return known[1]
+    value = make()
+    if stamp is not None and keep() and stamp == probe.stamp(path):
+        cache[key] = (stamp, value)
+    return value
 
 
 def _foreign_sources(path: str, h5: h5py.File) -> list[str]:
-    """What ``segments.foreign_sources`` finds; a column stored with a filter this HDF5 lacks is a one-line
-    SchemaError here, before any of it is read (HDF5's own error names a plugin directory, not the filter)."""
-    stamp = probe.stamp(path)
-    known = _CHECKED.get(path)
-    if stamp is not None and known is not None and known[0] == stamp:
-        return known[1]
-    found = segments.foreign_sources(h5, os.path.basename(path)[:-3], segments.segment_list(h5))
-    _check_filters(path, h5)
-    if stamp is not None and stamp == probe.stamp(path):
-        _CHECKED[path] = (stamp, found)
-    return found
+    """One walk of every object of a file a reader opens: the files its virtual datasets read outside its own
+    segments (returned), and a column stored with a filter this HDF5 lacks (a one-line SchemaError here, before
+    any of it is read: HDF5's own error names a plugin directory, not the filter)."""
+    return _remembered(_CHECKED, path, path, lambda: _walk(path, h5))
 
 
-def _check_filters(path: str, h5: h5py.File) -> None:
+def _walk(path: str, h5: h5py.File) -> list[str]:
+    allowed = segments.own_sources(os.path.basename(path)[:-3], segments.segment_list(h5))
+    foreign: list[str] = []
     lacking: list[tuple[str, int]] = []
 
     def visit(name: str, obj: Any) -> None:
-        if not lacking and isinstance(obj, h5py.Dataset) and not obj.is_virtual and obj.chunks is not None:
+        if not isinstance(obj, h5py.Dataset):
+            return
+        if obj.is_virtual:
+            foreign.extend(m.file_name for m in obj.virtual_sources() if m.file_name not in allowed)
+        elif not lacking and obj.chunks is not None:
             lacking.extend((name, i) for i in h5file.unavailable_filters(obj))
 
     h5.visititems(visit)
     if lacking:
         raise h5file.filter_error(path, *lacking[0])
+    return sorted(set(foreign))
