@@ -20,15 +20,13 @@ from rllib_recorder.errors import SchemaError, WriterError
 from rllib_recorder.format.chunks import Chunk, merge_chunks
 from rllib_recorder.format.spool import KIND_CHUNK, KIND_END, Record
 from rllib_recorder.format.spool_files import SPOOL_DIR, parse_stem, sender_dirs
-from rllib_recorder.service.spool_reader import SenderSpool, rmdir_if_empty, touch_heartbeats
+from rllib_recorder.service.spool_reader import Relisting, SenderSpool, rmdir_if_empty, touch_heartbeats
 
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_EVERY_S = 1.0
 
 RETRY_AFTER_S = 5.0
-
-DISCOVER_EVERY_S = 1.0
 
 
 @dataclass
@@ -74,7 +72,7 @@ class Ingest:
         self.errors = 0
         self.last_error: str | None = None
         self._heartbeat_at = 0.0
-        self._listed: tuple[tuple[int, ...], float] = ((), 0.0)  # the spool's directory mtimes as last listed
+        self._listing = Relisting()  # the spool's directories, as last listed
 
     def poll(self, final: bool = False) -> int:
         """Reads what is new, commits what is due (everything if ``final``); returns rows committed."""
@@ -130,13 +128,10 @@ class Ingest:
 
     def _discover(self) -> None:
         """Finds new senders' spools. Listing the spool's directories on every tick was most of an idle writer's
-        work: they are listed only when one of their mtimes moved (a new runner, a new incarnation), and every
-        second whatever the mtimes say (file systems with coarse mtimes)."""
-        now = time.monotonic()
-        stamps = _stamps(self.root)
-        if stamps == self._listed[0] and now - self._listed[1] < DISCOVER_EVERY_S:
+        work: they are listed only when that is due (``Relisting``: one of their mtimes moved, a new runner or a
+        new incarnation, or a second passed)."""
+        if not self._listing.due(_stamps(self.root)):
             return
-        self._listed = (stamps, now)
         for stem, sender_id, directory in sender_dirs(self.run_dir):
             if (stem, sender_id) in self.senders or not self.owns(stem):
                 continue
@@ -295,14 +290,14 @@ class Ingest:
             sender.remove_committed_segments()
 
 
-def _stamps(root: str) -> tuple[int, ...]:
+def _stamps(root: str) -> tuple[int, ...] | None:
     """The mtimes of the spool root and of each file's directory in it (a new sender directory moves one)."""
     try:
         with os.scandir(root) as entries:
             stems = sorted((e.name, e.stat().st_mtime_ns) for e in entries if e.is_dir())
         return (os.stat(root).st_mtime_ns, *(m for _, m in stems))
     except OSError:
-        return ()
+        return None
 
 
 def _transient(error: Exception) -> bool:

@@ -13,6 +13,27 @@ from rllib_recorder.format.spool import Record, read_record
 from rllib_recorder.format.spool_files import segment_name, segments_of
 
 
+# A directory a writer lists on every tick is listed again only when its mtime moved (a new runner, a new
+# segment), or this long after it was last listed (file systems with coarse mtimes).
+RELIST_EVERY_S = 1.0
+
+
+@dataclass
+class Relisting:
+    """When a directory is worth listing again: its stamp (mtimes) moved since it was last listed, or
+    ``RELIST_EVERY_S`` passed, or it has no stamp (None: it could not be stat'ed)."""
+
+    stamp: Any = None
+    at: float = float("-inf")
+
+    def due(self, stamp: Any) -> bool:
+        now = time.monotonic()
+        if stamp is not None and stamp == self.stamp and now - self.at < RELIST_EVERY_S:
+            return False
+        self.stamp, self.at = stamp, now
+        return True
+
+
 @dataclass
 class SenderSpool:
     """Where the writer stands in one sender's spool, and reading it record by record."""
@@ -32,9 +53,7 @@ class SenderSpool:
     refused_steps: int = 0  # env steps of chunks a writer can never store (their data is refused)
     refused_error: str | None = None
     damaged: str | None = None
-    # The directory as last listed (its mtime, and when): a writer polls every tick, and a runner starts a new
-    # segment only now and then, so the directory is listed again only when its mtime changed, or a second on.
-    listed: tuple[int, float] = (-1, 0.0)
+    listing: Relisting = field(default_factory=Relisting)  # a runner starts a new segment only now and then
     removed_below: int = -1  # segments before this one are deleted
     _listed_segments: list[int] = field(default_factory=list)
 
@@ -69,16 +88,14 @@ class SenderSpool:
             self.close()
             self.segment, self.offset = later[0], 0
 
-    def _segments(self, recheck_s: float = 1.0) -> list[int]:
-        """The segments of the directory: listed again only when its mtime moved since it was last listed, or a
-        second passed (a file system with coarse mtimes still gets listed)."""
+    def _segments(self) -> list[int]:
+        """The segments of the directory, listed again only when that is due (``Relisting``)."""
         try:
-            mtime = os.stat(self.directory).st_mtime_ns
+            mtime: int | None = os.stat(self.directory).st_mtime_ns
         except OSError:
-            mtime = -2
-        now = time.monotonic()
-        if mtime != self.listed[0] or now - self.listed[1] >= recheck_s or mtime < 0:
-            self.listed, self._listed_segments = (mtime, now), segments_of(self.directory)
+            mtime = None
+        if self.listing.due(mtime):
+            self._listed_segments = segments_of(self.directory)
         return self._listed_segments
 
     def open_next(self) -> bool:
