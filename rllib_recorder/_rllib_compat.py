@@ -98,6 +98,33 @@ def generator_backpressure(objects: int) -> dict[str, Any]:
     return {"_generator_backpressure_num_objects": objects}
 
 
+def env_steps_sampled(result: dict[str, Any], evaluation: bool = False) -> tuple[int | None, int | None]:
+    """RLlib's own count of env steps its env runners sampled, from a train result: (lifetime, this iteration).
+
+    New API stack: ``env_runners/num_env_steps_sampled_lifetime`` and ``env_runners/num_env_steps_sampled``
+    (``evaluation/env_runners/...`` for the evaluation runners); old API stack: ``num_env_steps_sampled`` and
+    ``num_env_steps_sampled_this_iter``. Ray 2.50.0 to 2.52.x over-count the lifetime count of a new Algorithm's
+    first iteration when it samples in several rounds: ``Stats`` merges each round's running total whole
+    (``_prev_merge_values`` starts empty; 2.53 rewrote ``Stats``). With PPO, 2 env runners and
+    ``rollout_fragment_length=64``, 2.50.1 counts 384 where its env runners (and the env's own log) took 256;
+    every later iteration adds the right count. ``service.metrics.RllibSampled`` takes the difference out.
+    """
+    tree = result.get("evaluation") if evaluation else result
+    runners = tree.get("env_runners") if isinstance(tree, dict) else None
+    if isinstance(runners, dict) and "num_env_steps_sampled_lifetime" in runners:
+        return _count(runners.get("num_env_steps_sampled_lifetime")), _count(runners.get("num_env_steps_sampled"))
+    if evaluation or not isinstance(tree, dict):
+        return None, None
+    return _count(tree.get("num_env_steps_sampled")), _count(tree.get("num_env_steps_sampled_this_iter"))
+
+
+def _count(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):  # missing, or NaN before the first sample
+        return None
+
+
 def wrap_method(owner: Any, name: str, wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
     """Replaces ``owner.name`` (an instance attribute, or a module function) by ``wrapper(original)``."""
     original = getattr(owner, name)

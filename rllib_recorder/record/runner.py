@@ -14,7 +14,7 @@ from rllib_recorder.format.chunks import Chunk
 from rllib_recorder.format.liveness import HEARTBEAT_NAME
 from rllib_recorder.format.spool_files import SPOOL_DIR, SegmentWriter
 from rllib_recorder.record.batches import batch_to_chunk
-from rllib_recorder.record import registry
+from rllib_recorder.record import failpoints, registry
 from rllib_recorder.record.binding import Binding, assign_writer, current_node_id
 from rllib_recorder.record.convert import START_STATE_KEY, ConvertOptions, episodes_to_chunk
 from rllib_recorder.record.envstate import plan_of, sub_envs
@@ -119,6 +119,7 @@ class EnvRunnerRecorder:
         self.errors: Counter[str] = Counter()
         # every on_sample_end payload, counted before anything can fail: the completeness check's reference
         self.sampled: Counter[str] = Counter()
+        self.payloads = 0  # every on_sample_end payload this process saw (the failpoint's count)
         self._unbound: list[Chunk] = []
         self._unbound_bytes = 0
         self.max_unbound_bytes = max_unbound_bytes if max_unbound_bytes is not None else (256 << 20)
@@ -177,6 +178,9 @@ class EnvRunnerRecorder:
         """Counts, converts and hands one ``on_sample_end`` payload to the spool."""
         if not self.enabled:
             return
+        self.payloads += 1
+        if failpoints.POINTS and failpoints.hit("drop_sample", self.payloads):
+            return  # tests only: a sample lost and not counted (record/failpoints.py)
         self.sampled["samples"] += 1
         steps = _env_steps(samples)
         self.sampled["env_steps"] += steps
