@@ -16,6 +16,7 @@ from rllib_recorder import ConfigError, OutputDirError, RecorderCallback, Record
 from rllib_recorder.cli import main
 from rllib_recorder.commands.verify import verify_report
 from rllib_recorder.read.run import open_run
+from tests.helpers import with_callbacks
 from tests.integrity import check_run
 from tests.test_recording import ppo, record
 
@@ -35,7 +36,7 @@ def _manifest_totals(run_dir):
 
 
 def test_recorder_error_is_counted_and_never_kills_the_env_runner(ray_session, tmp_path):
-    config = ppo(runners=1).callbacks([MangleEpisodeIds, RecorderCallback.configured(output_dir=str(tmp_path))])
+    config = with_callbacks(ppo(runners=1), [MangleEpisodeIds, RecorderCallback.configured(output_dir=str(tmp_path))])
     algo = config.build_algo()
     results = [algo.train() for _ in range(2)]
     totals = algo.stop() or _manifest_totals(results[-1]["recorder"]["run_dir"])
@@ -56,7 +57,7 @@ def test_recorder_error_is_counted_and_never_kills_the_env_runner(ray_session, t
 
 def test_fail_on_error_stops_training_with_a_recorder_error(ray_session, tmp_path):
     recorder = RecorderCallback.configured(output_dir=str(tmp_path), fail_on_error=True, coalesce_rows=0)
-    algo = ppo(runners=1).callbacks([MangleEpisodeIds, recorder]).build_algo()
+    algo = with_callbacks(ppo(runners=1), [MangleEpisodeIds, recorder]).build_algo()
     with pytest.raises(RecorderError, match="fail_on_error=True"):
         for _ in range(3):
             algo.train()

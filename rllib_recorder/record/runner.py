@@ -10,6 +10,7 @@ import weakref
 from collections import Counter
 from typing import Any
 
+from rllib_recorder._rllib_compat import episode_custom_data, forget_custom_data
 from rllib_recorder.format.chunks import Chunk
 from rllib_recorder.format.liveness import HEARTBEAT_NAME
 from rllib_recorder.format.spool_files import SPOOL_DIR, SegmentWriter
@@ -104,7 +105,7 @@ class StartStates:
             return
         captured = plan.capture()  # packed at conversion
         if captured is not None:
-            episode.custom_data[START_STATE_KEY] = captured
+            episode_custom_data(episode)[START_STATE_KEY] = captured
 
 
 class EnvRunnerRecorder:
@@ -210,7 +211,7 @@ class EnvRunnerRecorder:
         if isinstance(samples, list):
             chunk = episodes_to_chunk(samples, self.options, sampled_at_s=now)
             for episode in samples:  # stored now: do not ship start states on to the learner
-                getattr(episode, "custom_data", {}).pop(START_STATE_KEY, None)
+                forget_custom_data(episode, START_STATE_KEY)
             return chunk
         version = getattr(env_runner, "weights_seq_no", None)
         return batch_to_chunk(samples, self.options, -1 if version is None else int(version), now)
