@@ -144,10 +144,27 @@ def rllib_sampled(results: list[dict], key: str = "num_env_steps_sampled", befor
         lifetime = results[-1][key]
         per_iteration = [r.get(f"{key}_this_iter", lifetime if r is results[-1] else 0) for r in results]
     if isinstance(lifetime, dict):
-        total = {a: int(sum(p.get(a, 0) for p in per_iteration)) for a in lifetime}
+        total = {a: int(sum(_number(p.get(a)) for p in per_iteration)) for a in lifetime}
         shifted = {a: int(n) - before for a, n in lifetime.items()}
     else:
-        total, shifted = int(sum(per_iteration)), int(lifetime) - before
+        total, shifted = int(sum(_number(p) for p in per_iteration)), int(_number(lifetime)) - before
     if not (new_stack and (2, 50) <= ray_release() < (2, 53)):
         assert total == shifted, f"RLlib's iterations sampled {total}, its lifetime count says {shifted}"
     return total
+
+
+def trial_results(result) -> list[dict]:
+    """Every train result of a Tune trial (its ``metrics_dataframe``, one row per iteration) as the nested dicts
+    ``rllib_sampled`` takes: RLlib's own sampled counts only."""
+    frame = result.metrics_dataframe
+    rows = []
+    for _, row in frame.iterrows():
+        runners = {key.split("/", 1)[1]: row[key] for key in frame.columns
+                   if key.startswith("env_runners/num_env_steps_sampled")}
+        rows.append({"env_runners": runners, "training_iteration": row["training_iteration"]})
+    return rows
+
+
+def _number(value) -> float:
+    """A count from a result: 0 where RLlib reported none yet (missing, or NaN before the first sample)."""
+    return 0.0 if value is None or value != value else float(value)
