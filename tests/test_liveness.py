@@ -149,3 +149,17 @@ def test_a_restarted_writer_names_itself_in_the_heartbeat(tmp_path):
     touch_heartbeats(str(root), {"worker-001"}, 1.0, claimed := set())
     assert json.loads((root / "worker-001" / HEARTBEAT_NAME).read_text())["pid"] == os.getpid()
     assert claimed == {"worker-001"}
+
+
+def test_the_manifest_names_the_drivers_ray_job_and_the_gcs_says_whether_it_ended(ray_session):
+    from rllib_recorder._rllib_compat import ray_job_dead
+    from rllib_recorder.format.manifest import check_manifest
+    from rllib_recorder.service.run_dir import driver_identity
+
+    identity = driver_identity()
+    context = ray_session.get_runtime_context()
+    assert identity["driver_job_id"] == context.get_job_id() and identity["ray_gcs_address"] == context.gcs_address
+    assert identity["driver_pid"] == os.getpid() and identity["driver_actor_id"] is None
+    check_manifest({"format": "rllib_recorder", **identity}, "manifest.json")
+    assert ray_job_dead(context.gcs_address, context.get_job_id()) is False  # this session's job runs
+    assert ray_job_dead(context.gcs_address, "7f000000") is None  # a job this cluster never had
