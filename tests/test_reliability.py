@@ -317,6 +317,13 @@ def test_a_file_its_writer_closed_is_read_unprobed_and_damage_after_that_is_stil
     assert probes == [path]
 
 
+def test_a_recorded_run_is_read_in_a_fresh_process_without_a_probe(recorded_cartpole, probes):
+    """Its writer actor closed its files cleanly at algo.stop(): they are known sound on this machine."""
+    with open_run(recorded_cartpole) as run:
+        assert run.counts()["env_steps"] > 0
+    assert probes == []
+
+
 def test_a_copy_is_probed_once_then_known_and_a_file_reopened_by_another_writer_is_not_vouched_for(
         recorded_cartpole, tmp_path, probes):
     from rllib_recorder.format import datasets, probe, sound_files
