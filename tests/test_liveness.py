@@ -69,7 +69,7 @@ def test_a_dead_drivers_live_writer_is_waited_for_in_one_line_then_recover_goes_
     assert "its driver has died" in liveness.recording_now(run_dir, manifest)
     said = []
     clock = Clock(on_sleep=lambda: clock.slept == 3 and (child.kill(), child.wait()))  # Ray ends it
-    wait_for_the_dead(run_dir, manifest, said.append, clock=clock, sleep=clock.sleep)
+    assert wait_for_the_dead(run_dir, manifest, said.append, clock=clock, sleep=clock.sleep)
     assert len(said) == 1 and "\n" not in said[0], said
     assert f"its driver (pid {manifest['driver_pid']} on" in said[0] and "has died; waiting up to 30 s" in said[0]
     assert f"writer pid {child.pid}" in said[0]
@@ -104,7 +104,7 @@ def test_a_reused_pid_is_not_the_driver(tmp_path):
     me = _identity(os.getpid())
     run_dir, manifest = _run(tmp_path, {**me, "started": me["started"] + "1"})  # another process had this pid
     assert liveness.driver_alive(manifest) is False
-    wait_for_the_dead(run_dir, manifest, pytest.fail)  # nothing runs: nothing to wait for
+    assert not wait_for_the_dead(run_dir, manifest, pytest.fail)  # nothing runs: nothing to wait for
 
 
 def test_off_the_drivers_host_its_ray_job_decides_else_the_heartbeat_refuses(tmp_path, child):

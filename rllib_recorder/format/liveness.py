@@ -134,9 +134,10 @@ class RunProcess:
         return f"{self.role} pid {self.pid}" + ("" if self.here else f" on {self.host}")
 
 
-def run_processes(run_dir: str, now: float | None = None) -> list[RunProcess]:
+def run_processes(run_dir: str, now: float | None = None, runners: bool = True) -> list[RunProcess]:
     """The run's writers (by their heartbeats: younger than ``HEARTBEAT_STALE_S`` and not of a process here that
-    has ended) and, on this machine, its env-runner incarnations whose processes run (by their spools' owners)."""
+    has ended) and, with ``runners``, its env-runner incarnations on this machine whose processes run (by their
+    spools' owners)."""
     now = time.time() if now is None else now
     spool = os.path.join(glob.escape(run_dir), SPOOL_DIR)
     found = []
@@ -148,7 +149,7 @@ def run_processes(run_dir: str, now: float | None = None) -> list[RunProcess]:
         writer = _process(path, "writer", age)
         if age < HEARTBEAT_STALE_S and writer is not None and (not writer.here or _runs(path)):
             found.append(writer)
-    for path in sorted(glob.glob(os.path.join(spool, "*", "*", OWNER_NAME))):
+    for path in sorted(glob.glob(os.path.join(spool, "*", "*", OWNER_NAME))) if runners else []:
         runner = _process(path, "env runner", None)
         if runner is not None and runner.here and _runs(path):
             found.append(runner)
@@ -181,21 +182,20 @@ def _runs(path: str) -> bool:
 def fresh_heartbeat_s(run_dir: str, now: float | None = None) -> float | None:
     """Age of the newest heartbeat of a writer that may be alive (younger than ``HEARTBEAT_STALE_S``, and not of
     a process here that has ended)."""
-    ages = [p.age_s for p in run_processes(run_dir, now) if p.age_s is not None]
+    ages = [p.age_s for p in run_processes(run_dir, now, runners=False) if p.age_s is not None]
     return min(ages, default=None)
 
 
 def recording_now(run_dir: str, manifest: dict[str, Any]) -> str | None:
-    """Why the run is taken to be recording right now (None when nothing of it runs)."""
+    """Why the run is taken to be recording right now (None when neither its driver nor a writer of it runs)."""
     if manifest.get("status") == "running" and driver_alive(manifest):
         return f"its driver (pid {manifest['driver_pid']} on {manifest['driver_host']}) is running"
-    processes = run_processes(run_dir)
-    if not processes:
+    writers = run_processes(run_dir, runners=False)
+    if not writers:
         return None
     if driver_alive(manifest) is False:
-        return f"its driver has died, and Ray is ending its {describe(processes)}"
-    age = min((p.age_s for p in processes if p.age_s is not None), default=None)
-    return f"a writer of it was alive {age:.0f} s ago" if age is not None else f"its {describe(processes)} runs"
+        return f"its driver has died, and Ray is ending its {describe(writers)}"
+    return f"a writer of it was alive {min(p.age_s or 0.0 for p in writers):.0f} s ago"
 
 
 def describe(processes: list[RunProcess]) -> str:

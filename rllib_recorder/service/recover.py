@@ -98,7 +98,9 @@ def recover_run(run_dir: str, progress: Callable[[int], None] | None = None, pub
         raise SchemaError(f"{run_dir} is not a directory; pass the run directory (it holds manifest.json)")
     manifest = read_manifest(run_dir)
     layout.check_version(manifest.get("schema_version"), os.path.join(run_dir, "manifest.json"))
-    wait_for_the_dead(run_dir, manifest, say or (lambda line: None))
+    if wait_for_the_dead(run_dir, manifest, say or (lambda line: None)):  # a new attempt may have started since
+        manifest = read_manifest(run_dir)
+        wait_for_the_dead(run_dir, manifest, say or (lambda line: None))
     spooled = next(sender_dirs(run_dir), None) is not None
     unfinished = manifest.get("status") != "finished" or spooled
     removed = _remove_leftovers(run_dir)
@@ -136,21 +138,22 @@ def recover_run(run_dir: str, progress: Callable[[int], None] | None = None, pub
 def wait_for_the_dead(run_dir: str, manifest: dict[str, Any], say: Callable[[str], None],
                       bound_s: float = DEAD_DRIVER_WAIT_S, clock: Callable[[], float] = time.monotonic,
                       sleep: Callable[[float], None] = time.sleep,
-                      ask_ray: Callable[[dict[str, Any]], bool | None] | None = None) -> None:
-    """Returns once no process of the run runs. SchemaError while its driver runs, or may (its writers beat and
-    nothing tells that its driver died), with the advice to let it finish or stop it. When its driver has died
-    and its writers or env runners still run (Ray ends them within seconds), says so in one line and waits for
-    them, at most ``bound_s``; SchemaError naming those left after that."""
+                      ask_ray: Callable[[dict[str, Any]], bool | None] | None = None) -> bool:
+    """Returns once no process of the run runs: whether it waited for some. SchemaError while its driver runs, or
+    may (its writers beat and nothing tells that its driver died), with the advice to let it finish or stop it.
+    When its driver has died and its writers or env runners still run (Ray ends them within seconds), says so in
+    one line and waits for them, at most ``bound_s``; SchemaError naming those left after that."""
     alive = liveness.driver_alive(manifest, ask_ray)
     if manifest.get("status") == "running" and alive:
         _refuse(run_dir, f"its driver (pid {manifest['driver_pid']} on {manifest['driver_host']}) is running")
+    if alive is not False:  # nothing says its driver died: a writer that beats is recording
+        writers = liveness.run_processes(run_dir, runners=False)
+        if writers:
+            _refuse(run_dir, f"a writer of it was alive {min(p.age_s or 0.0 for p in writers):.0f} s ago")
+        return False
     processes = liveness.run_processes(run_dir)
     if not processes:
-        return
-    if alive is not False:
-        ages = [p.age_s for p in processes if p.age_s is not None]
-        _refuse(run_dir, f"a writer of it was alive {min(ages):.0f} s ago" if ages
-                else f"its {liveness.describe(processes)} runs")
+        return False
     say(f"{run_dir}: its driver (pid {manifest.get('driver_pid')} on {manifest.get('driver_host')}) has died; "
         f"waiting up to {bound_s:.0f} s for Ray to end its {liveness.describe(processes)}")
     deadline = clock() + bound_s
@@ -162,6 +165,7 @@ def wait_for_the_dead(run_dir: str, manifest: dict[str, Any], say: Callable[[str
         raise SchemaError(f"{run_dir}: its driver has died, but its {liveness.describe(processes)} still ran "
                           f"{bound_s:.0f} s later; end them (kill {pids or 'them'}, or 'ray stop' on their node) and "
                           "run recover again")
+    return True
 
 
 def _refuse(run_dir: str, why: str) -> None:
