@@ -348,6 +348,14 @@ def test_a_copy_is_probed_once_then_known_and_a_file_reopened_by_another_writer_
     assert not sound_files.known_sound(path)
 
 
+def test_a_fifo_named_like_a_worker_file_is_never_known_sound_and_never_opened_here(tmp_path):
+    from rllib_recorder.format import sound_files
+
+    os.mkfifo(tmp_path / "worker-001.h5")  # opening it to read would wait for a writer forever
+    sound_files.remember(str(tmp_path / "worker-001.h5"))
+    assert not sound_files.known_sound(str(tmp_path / "worker-001.h5"))
+
+
 def _run_id(run_dir) -> str:
     return json.load(open(os.path.join(run_dir, "manifest.json")))["run_id"]
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from typing import Any
 
 ENV = "RLLIB_RECORDER_SOUND_DIR"
@@ -63,10 +64,15 @@ def _identity(path: str) -> tuple[str, dict[str, Any]]:
     """(record name, what must stay the same) of the file at ``path``; OSError if it can't be read."""
     from rllib_recorder.format.liveness import boot_id
 
-    with open(path, "rb") as f:
-        st = os.fstat(f.fileno())
-        edges = hashlib.sha256(os.pread(f.fileno(), _EDGE_BYTES, 0))
-        edges.update(os.pread(f.fileno(), _EDGE_BYTES, max(0, st.st_size - _EDGE_BYTES)))
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO named like a worker file must not block this process
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path} is not a regular file")
+        edges = hashlib.sha256(os.pread(fd, _EDGE_BYTES, 0))
+        edges.update(os.pread(fd, _EDGE_BYTES, max(0, st.st_size - _EDGE_BYTES)))
+    finally:
+        os.close(fd)
     return f"{st.st_dev}-{st.st_ino}", {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
                                         "boot": boot_id(), "edges_sha256": edges.hexdigest()}
 
