@@ -163,3 +163,15 @@ def test_the_manifest_names_the_drivers_ray_job_and_the_gcs_says_whether_it_ende
     check_manifest({"format": "rllib_recorder", **identity}, "manifest.json")
     assert ray_job_dead(context.gcs_address, context.get_job_id()) is False  # this session's job runs
     assert ray_job_dead(context.gcs_address, "7f000000") is None  # a job this cluster never had
+
+
+def test_a_writer_serving_two_spools_is_one_process_with_its_youngest_heartbeat(tmp_path, child):
+    run_dir, manifest = _run(tmp_path, _ended_process(), writer=_identity(child.pid))
+    second = os.path.join(run_dir, ".spool", "worker-002", HEARTBEAT_NAME)
+    os.makedirs(os.path.dirname(second))
+    with open(second, "w") as f:
+        json.dump(_identity(child.pid), f)
+    first = os.path.join(run_dir, ".spool", "worker-001", HEARTBEAT_NAME)
+    os.utime(first, (os.path.getmtime(second) - 5,) * 2)
+    (writer,) = liveness.run_processes(run_dir)
+    assert writer.pid == child.pid and writer.age_s < 5

@@ -15,7 +15,7 @@ import json
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from rllib_recorder.format.spool_files import SPOOL_DIR
@@ -126,12 +126,16 @@ class RunProcess:
     host: str
     pid: int
     here: bool  # on this machine (then known to run); elsewhere its heartbeat is fresh
-    age_s: float | None = None  # of its heartbeat (writers)
+    started: Any = field(default=None, compare=False)
+    age_s: float | None = field(default=None, compare=False)  # of its heartbeat (writers)
 
     def __str__(self) -> str:
         if not self.pid:
             return f"a {self.role} whose heartbeat is {self.age_s or 0:.0f} s old"
         return f"{self.role} pid {self.pid}" + ("" if self.here else f" on {self.host}")
+
+    def runs(self) -> bool:
+        return not self.here or same_process_alive(self.pid, self.started)
 
 
 def run_processes(run_dir: str, now: float | None = None, runners: bool = True) -> list[RunProcess]:
@@ -140,50 +144,34 @@ def run_processes(run_dir: str, now: float | None = None, runners: bool = True) 
     spools' owners)."""
     now = time.time() if now is None else now
     spool = os.path.join(glob.escape(run_dir), SPOOL_DIR)
-    found = []
+    found: dict[RunProcess, RunProcess] = {}  # a writer serves several spools: its youngest heartbeat
     for path in sorted(glob.glob(os.path.join(spool, "*", HEARTBEAT_NAME))):
         try:
             age = now - os.path.getmtime(path)
         except OSError:
             continue
-        writer = _process(path, "writer", age)
-        if age < HEARTBEAT_STALE_S and writer is not None and (not writer.here or _runs(path)):
-            found.append(writer)
+        writer = _named(path, "writer", age)
+        if age < HEARTBEAT_STALE_S and writer.runs():
+            found[writer] = min(found.get(writer, writer), writer, key=lambda p: p.age_s or 0.0)
     for path in sorted(glob.glob(os.path.join(spool, "*", "*", OWNER_NAME))) if runners else []:
-        runner = _process(path, "env runner", None)
-        if runner is not None and runner.here and _runs(path):
-            found.append(runner)
-    return list(dict.fromkeys(found))  # a writer serves several spools
+        runner = _named(path, "env runner", None)
+        if runner.pid and runner.here and runner.runs():
+            found[runner] = runner
+    return list(found.values())
 
 
-def _owner(path: str) -> dict[str, Any]:
+def _named(path: str, role: str, age_s: float | None) -> RunProcess:
+    """The process an owner or heartbeat file names (pid 0: none named, taken for one elsewhere)."""
     try:
         with open(path, "rb") as f:
             owner = json.loads(f.read(4096) or b"{}")
     except (OSError, ValueError):
-        return {}
-    return owner if isinstance(owner, dict) else {}
-
-
-def _process(path: str, role: str, age_s: float | None) -> RunProcess | None:
-    """The process an owner or heartbeat file names; an unnamed writer counts as one elsewhere (pid 0)."""
-    owner = _owner(path)
-    pid, host = owner.get("pid"), owner.get("host")
+        owner = {}
+    owner = owner if isinstance(owner, dict) else {}
+    pid, host, started = owner.get("pid"), owner.get("host"), owner.get("started")
     if not isinstance(pid, int) or isinstance(pid, bool) or not isinstance(host, str):
-        return RunProcess(role, "an unknown host", 0, False, age_s) if role == "writer" else None
-    return RunProcess(role, host[:255], pid, on_this_host(host, owner.get("started")), age_s)
-
-
-def _runs(path: str) -> bool:
-    owner = _owner(path)
-    return same_process_alive(owner.get("pid"), owner.get("started"))
-
-
-def fresh_heartbeat_s(run_dir: str, now: float | None = None) -> float | None:
-    """Age of the newest heartbeat of a writer that may be alive (younger than ``HEARTBEAT_STALE_S``, and not of
-    a process here that has ended)."""
-    ages = [p.age_s for p in run_processes(run_dir, now, runners=False) if p.age_s is not None]
-    return min(ages, default=None)
+        return RunProcess(role, "an unknown host", 0, False, None, age_s)
+    return RunProcess(role, host[:255], pid, on_this_host(host, started), started, age_s)
 
 
 def recording_now(run_dir: str, manifest: dict[str, Any]) -> str | None:
