@@ -336,6 +336,30 @@ def close_ray_data_iterators() -> int:
     return closed
 
 
+def ray_job_dead(gcs_address: str, job_id: str, timeout_s: float = 2.0) -> bool | None:
+    """Whether Ray job ``job_id`` (hex) of the cluster whose GCS is at ``gcs_address`` has ended; None when that
+    GCS does not answer within about ``timeout_s`` or does not know the job.
+
+    Stands in for ``ray.util.state.list_jobs`` and ``JobSubmissionClient``, which need the dashboard (a driver
+    started with ``include_dashboard=False`` has none), through ``ray._raylet.GcsClient``. Its constructor waits
+    40 s for a GCS that is not there, so the port is tried first.
+    """
+    import socket
+
+    host, _, port = gcs_address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        from ray._raylet import GcsClient
+
+        jobs = GcsClient(address=gcs_address).get_all_job_info(
+            job_or_submission_id=job_id, skip_submission_job_info_field=True, skip_is_running_tasks_field=True,
+            timeout=timeout_s)
+    except Exception:  # noqa: BLE001 - unreachable, refused, or not a GCS: nothing is known
+        return None
+    states = [bool(info.is_dead) for key, info in jobs.items() if key.hex() == job_id]
+    return states[0] if states else None
+
+
 def problems() -> list[str]:
     """What the installed Ray lacks of the above, each in one line naming the access and where to fix it."""
     import ray
@@ -388,4 +412,11 @@ def problems() -> list[str]:
     need(callable(getattr(Algorithm, "cleanup", None)) and "self.cleanup()" in inspect.getsource(
         __import__("ray.tune.trainable.trainable", fromlist=["x"]).Trainable.stop),
         "Trainable.stop() no longer calls self.cleanup() (on_algorithm_cleanup)")
+    try:
+        from ray._raylet import GcsClient, InnerGcsClient  # the first hands every call on to the second
+
+        need(callable(GcsClient) and callable(getattr(InnerGcsClient, "get_all_job_info", None)),
+             "GcsClient has no get_all_job_info (ray_job_dead)")
+    except ImportError:
+        need(False, "ray._raylet has no GcsClient (ray_job_dead)")
     return found

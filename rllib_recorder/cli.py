@@ -347,6 +347,8 @@ def recover(run_dir: str, publish: bool) -> None:
 
     Drops rows no commit names, removes temporary files and marks the manifest 'recovered'. On a node's staging
     directory of a run recorded to s3:// (or another durable target), --publish uploads what it holds there.
+    Run it as soon as the driver has died: while Ray ends the dead driver's writers and env runners (a few
+    seconds), it says so and waits for them, at most 30 s. A run whose driver still runs is refused.
 
     \b
     Example (recordings/<run>: the run directory train printed):
@@ -356,7 +358,8 @@ def recover(run_dir: str, publish: bool) -> None:
 
     with progress_bar() as bar:
         task = bar.add_task("recovering files", total=count_files(run_dir))
-        report = _guard(lambda: recover_run(run_dir, progress=lambda n: bar.advance(task, n), publish=publish))
+        report = _guard(lambda: recover_run(run_dir, progress=lambda n: bar.advance(task, n), publish=publish,
+                                            say=lambda line: click.echo(line, err=True)))
     for name, done in report["files"].items():
         click.echo(f"{name}: {done}")
     click.echo(f"recovered: {run_dir} holds {report['env_steps']} env steps, status {report['status']}")

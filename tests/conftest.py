@@ -13,6 +13,14 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def sound_records(tmp_path_factory):
+    """The records of files known sound (format/sound_files.py) go to the session's own directory, not the user's
+    cache; set before Ray starts, so that writer actors and child processes use it too."""
+    os.environ["RLLIB_RECORDER_SOUND_DIR"] = str(tmp_path_factory.mktemp("sound-records"))
+    return os.environ["RLLIB_RECORDER_SOUND_DIR"]
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     import ray

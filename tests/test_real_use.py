@@ -9,6 +9,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from click.testing import CliRunner
 from rllib_recorder import RecorderCallback
 from rllib_recorder.cli import main
 from rllib_recorder.commands.verify import verify_report
+from rllib_recorder.format import liveness
 from rllib_recorder.format.manifest import read_manifest
 from tests.helpers import communicate_or_kill
 from tests.integrity import check_run
@@ -150,3 +152,51 @@ def test_a_live_run_reads_as_recording_and_recover_refuses_it_untouched(ray_sess
     finally:
         algo.stop()
     assert "all " in verify_report(run_dir)["summary"]
+
+
+def _command(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``rllib-recorder ARGS`` as a real process (this tree first on PYTHONPATH, as conftest set it)."""
+    return subprocess.run([shutil.which("rllib-recorder") or "rllib-recorder", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_recover_run_at_once_after_the_driver_alone_is_sigkilled_waits_for_ray_then_stores_every_step(tmp_path):
+    """The notebook kernel's death: only the driver is SIGKILLed; Ray ends its writers and runners by itself a few
+    seconds later. ``recover`` run at once says so in one line, waits for them and recovers; while the driver
+    ran, the same command refused with today's advice."""
+    proc = _start("loop", str(tmp_path / "rec"))
+    try:
+        progress = _progress(proc, 1)
+        assert len(progress) == 1, proc.stderr.read()[-2000:]
+        run_dir = progress[-1]["run_dir"]
+        live = _command("recover", run_dir)
+        assert live.returncode == 2 and live.stderr.count("\n") == 1, live.stderr
+        assert "is recording (its driver (pid" in live.stderr and "let it finish, or stop it first" in live.stderr
+        assert read_manifest(run_dir)["status"] == "running"
+        progress += _progress(proc, 1)
+        time.sleep(random.uniform(0.0, 1.5))  # between train() calls or inside one
+        os.kill(proc.pid, signal.SIGKILL)  # the driver alone: Ray's own processes are left to end themselves
+        proc.wait()
+        killed_at = time.monotonic()
+        running = liveness.run_processes(run_dir)
+        recovered = _command("recover", run_dir)
+        recover_s = time.monotonic() - killed_at
+    finally:
+        for pid in [proc.pid] * (proc.poll() is None) + _session_pids(proc.pid):  # the rest of its Ray cluster
+            os.kill(pid, signal.SIGKILL)
+        proc.wait()
+        progress += _progress(proc)  # what it printed before the kill
+    assert running, "the premise: the driver's writers still ran when recover started"
+    assert recovered.returncode == 0, recovered.stderr
+    waited = [line for line in recovered.stderr.splitlines() if "has died; waiting up to 30 s for Ray to end" in line]
+    assert len(waited) == 1 and recovered.stderr.strip() == waited[0], recovered.stderr
+    verified = _command("verify", run_dir)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    stored = int(ALL_STORED.search(verified.stdout).group(1))
+    check_run(run_dir, statuses=("recovered",))  # every row, value by value: no gap, no duplicate
+    sampled = progress[-1]["sampled"]  # RLlib's count after the last train() that returned
+    figure("driver alone SIGKILLed, recover at once", sampled, stored,
+           f" ({waited[0].split('; ')[1]}; recover ended {recover_s:.1f} s after the kill)")
+    # more only by the train() the kill interrupted (train_batch_size 400), which RLlib never counted
+    assert sampled <= stored <= sampled + 400

@@ -207,13 +207,19 @@ def undamaged_run(recorded_cartpole, tmp_path_factory):
     """A run whose worker file has the same bytes in every test session (fixed rows, no compression), so the
     derandomized mutations below hit the same places each time: HDF5 can loop forever on some damaged files
     (docs/RELIABILITY.md, Not done), and a random recorded file made that a lottery."""
+    run_dir = str(tmp_path_factory.mktemp("undamaged") / "run")
+    _fixed_run(recorded_cartpole, run_dir)
+    return run_dir
+
+
+def _fixed_run(template: str, run_dir: str) -> str:
+    """``template``'s manifest with one worker file of fixed rows, written and closed by a writer here; its path."""
     from rllib_recorder.format import datasets
     from rllib_recorder.record.convert import episodes_to_chunk
     from rllib_recorder.service.writer import RecordingWriter
     from tests.helpers import make_episode
 
-    run_dir = str(tmp_path_factory.mktemp("undamaged") / "run")
-    shutil.copytree(recorded_cartpole, run_dir)
+    shutil.copytree(template, run_dir)
     for name in os.listdir(run_dir):
         if name.endswith(".h5"):
             os.remove(os.path.join(run_dir, name))
@@ -223,7 +229,7 @@ def undamaged_run(recorded_cartpole, tmp_path_factory):
         episode = make_episode(20, t_started=20 * (seq % 3), eps_id=f"episode-{seq // 3:04d}", terminated=seq % 3 == 2)
         writer.append(1, False, b"d" * 32, seq, episodes_to_chunk([episode], sampled_at_s=1.0e9 + seq))
     writer.close()
-    return run_dir
+    return os.path.join(run_dir, "worker-001.h5")
 
 
 @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -327,3 +333,95 @@ def _cpu_s(pid: int) -> float:
     """CPU seconds (user + system) process ``pid`` has used, from /proc."""
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.fixture
+def probes(monkeypatch):
+    """The paths this process's probe child is asked about (none remembered as passed before the test)."""
+    from rllib_recorder.format import probe
+
+    asked = []
+    real = probe._PROBER.probe
+    monkeypatch.setattr(probe, "_passed", {})
+    monkeypatch.setattr(probe._PROBER, "probe", lambda path, timeout_s: asked.append(path) or real(path, timeout_s))
+    return asked
+
+
+def test_a_file_its_writer_closed_is_read_unprobed_and_damage_after_that_is_still_probed(recorded_cartpole, tmp_path,
+                                                                                         probes, monkeypatch):
+    """A fresh process starts no probe child for a file its writer closed cleanly here (format/sound_files.py);
+    bytes changed after that, even with the file's size and mtime put back as a copy tool keeps them, are probed:
+    the damage that makes HDF5 loop is still one line, never a hang."""
+    from rllib_recorder.format import sound_files
+
+    run_dir = str(tmp_path / "run")
+    path = _fixed_run(recorded_cartpole, run_dir)
+    assert sound_files.known_sound(path)
+    with open_run(run_dir) as run:
+        assert run.counts()["agent_steps"] == 240
+    assert probes == []
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(2048)
+        f.write(bytes(64))  # the loop of test_a_file_hdf5_loops_on_gives_a_one_line_error_not_a_hang
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_size == st.st_size and os.stat(path).st_mtime_ns == st.st_mtime_ns
+    assert not sound_files.known_sound(path)
+    monkeypatch.setenv("RLLIB_RECORDER_PROBE_TIMEOUT_S", "2")
+    result = CliRunner().invoke(main, ["info", run_dir])
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert "worker-001.h5 is damaged: HDF5 made no progress" in result.output
+    assert probes == [path]
+
+
+def test_a_recorded_run_is_read_in_a_fresh_process_without_a_probe(recorded_cartpole, probes):
+    """Its writer actor closed its files cleanly at algo.stop(): they are known sound on this machine."""
+    with open_run(recorded_cartpole) as run:
+        assert run.counts()["env_steps"] > 0
+    assert probes == []
+
+
+def test_a_copy_is_probed_once_then_known_and_a_file_reopened_by_another_writer_is_not_vouched_for(
+        recorded_cartpole, tmp_path, probes):
+    from rllib_recorder.format import datasets, probe, sound_files
+    from rllib_recorder.record.convert import episodes_to_chunk
+    from rllib_recorder.service.writer import RecordingWriter
+    from tests.helpers import make_episode
+
+    path = _fixed_run(recorded_cartpole, str(tmp_path / "run"))
+    copy = str(tmp_path / "copy")
+    shutil.copytree(tmp_path / "run", copy)  # times kept, a new inode: a copied or downloaded run
+    with open_run(copy) as run:
+        run.counts()
+    assert probes == [os.path.join(copy, "worker-001.h5")]
+    probe._passed.clear()  # as a fresh process
+    with open_run(copy) as run:
+        run.counts()
+    assert len(probes) == 1  # remembered after its probe passed
+
+    writer = RecordingWriter(str(tmp_path / "run"), _run_id(tmp_path / "run"), datasets.StorageOptions())
+    writer.append(1, False, b"e" * 32, 0, episodes_to_chunk([make_episode(5, eps_id="later")], sampled_at_s=2.0e9))
+    writer.close()  # a Tune retry's writer appending to the file an earlier process wrote (maybe killed)
+    assert not sound_files.known_sound(path)
+
+
+def test_a_fifo_named_like_a_worker_file_is_never_known_sound_and_never_opened_here(tmp_path):
+    from rllib_recorder.format import sound_files
+
+    os.mkfifo(tmp_path / "worker-001.h5")  # opening it to read would wait for a writer forever
+    sound_files.remember(str(tmp_path / "worker-001.h5"))
+    assert not sound_files.known_sound(str(tmp_path / "worker-001.h5"))
+
+
+def _run_id(run_dir) -> str:
+    return json.load(open(os.path.join(run_dir, "manifest.json")))["run_id"]
+
+
+def test_where_no_record_can_be_kept_every_file_is_probed_as_before(recorded_cartpole, tmp_path, probes, monkeypatch):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv("RLLIB_RECORDER_SOUND_DIR", str(blocked / "sound"))  # can't be made
+    path = _fixed_run(recorded_cartpole, str(tmp_path / "run"))
+    with open_run(str(tmp_path / "run")) as run:
+        run.counts()
+    assert probes == [path]

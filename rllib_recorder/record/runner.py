@@ -12,7 +12,7 @@ from typing import Any
 
 from rllib_recorder._rllib_compat import episode_custom_data, forget_custom_data
 from rllib_recorder.format.chunks import Chunk
-from rllib_recorder.format.liveness import HEARTBEAT_NAME
+from rllib_recorder.format.liveness import HEARTBEAT_NAME, write_owner
 from rllib_recorder.format.spool_files import SPOOL_DIR, SegmentWriter
 from rllib_recorder.record.batches import batch_to_chunk
 from rllib_recorder.record import failpoints, registry
@@ -150,8 +150,10 @@ class EnvRunnerRecorder:
                            "the driver starts one", self.worker_index)
             return
         spool = os.path.join(binding.run_dir, SPOOL_DIR, stem)
+        segments = SegmentWriter(os.path.join(spool, uuid.uuid4().hex), spool_segment_bytes(config.max_backlog_bytes))
+        write_owner(segments.directory)  # recover waits for this process to end before it reads the spool
         self.outbox = Outbox(
-            SegmentWriter(os.path.join(spool, uuid.uuid4().hex), spool_segment_bytes(config.max_backlog_bytes)),
+            segments,
             policy=config.backpressure,
             max_backlog_bytes=config.max_backlog_bytes, max_wait_s=config.drain_timeout_s,
             writer_heartbeat_s=lambda: heartbeat_age_s(os.path.join(spool, HEARTBEAT_NAME)),
