@@ -155,13 +155,14 @@ def test_failing_start_state_capture_is_counted_and_never_stops_sampling(ray_ses
     from ray.tune.registry import register_env
 
     from tests.envs import StateRaisesEnv
+    from tests.helpers import rllib_sampled
     from tests.integrity import check_run
     from tests.test_recording import ppo, record
 
     register_env("state_raises", lambda cfg: StateRaisesEnv(cfg))
     run_dir, results, _ = record(ppo(env="state_raises", runners=1), tmp_path, iterations=2)
     assert results[-1]["recorder"]["errors"] >= 1
-    counts = check_run(run_dir)  # every step stored all the same
-    assert counts["agent_steps"] == results[-1]["env_runners"]["num_env_steps_sampled_lifetime"]
+    counts = check_run(run_dir, sampled=rllib_sampled(results))  # every step RLlib sampled stored all the same
+    assert counts["agent_steps"] == rllib_sampled(results)
     with h5py.File(os.path.join(run_dir, "worker-001.h5"), "r") as f:
         assert set(f["agents/default_agent/fragments/start_state_kind"][:].tolist()) == {b""}

@@ -55,13 +55,19 @@ def figure(case: str, sampled: int, stored: int, extra: str = "") -> None:
     print(f"\nfigure: {case}: RLlib sampled {sampled}, stored {stored}{extra}")
 
 
-def _stored_all(run_dir: str) -> int:
-    """Verify the run as a user would; returns N of 'all N sampled env steps stored'."""
+# Env steps of one train() of tests/user_program.py (train_batch_size): what a run killed inside a train() may
+# hold beyond RLlib's count of the train() calls that returned.
+ITERATION_STEPS = 400
+
+
+def _stored_all(run_dir: str, sampled: int | tuple[int, int]) -> int:
+    """Verify the run as a user would, and check every row against the env's code and the count against RLlib's
+    (``sampled``: exact, or a (low, high) range); returns N of 'all N sampled env steps stored'."""
     result = CliRunner().invoke(main, ["verify", run_dir])
     assert result.exit_code == 0, result.output
     found = ALL_STORED.search(result.output)
     assert found, result.output
-    check_run(run_dir, statuses=("finished", "interrupted", "recovered"))  # every row, value by value
+    check_run(run_dir, statuses=("finished", "interrupted", "recovered"), sampled=sampled)
     return int(found.group(1))
 
 
@@ -85,7 +91,7 @@ def test_a_script_that_never_stops_its_algorithm_stores_every_sampled_step(tmp_p
     manifest = read_manifest(run_dir)
     assert (manifest["status"], manifest["ended_by"]) == (status, ended_by)
     # nothing sampled after the last train(): stored is exactly what RLlib sampled and trained on
-    stored = _stored_all(run_dir)
+    stored = _stored_all(run_dir, sampled=progress[-1]["sampled"])
     figure(f"script {mode}", progress[-1]["sampled"], stored)
     assert stored == progress[-1]["sampled"]
 
@@ -105,7 +111,8 @@ def test_ctrl_c_or_sigterm_at_a_random_moment_stores_every_sampled_step(tmp_path
     run_dir = progress[-1]["run_dir"]
     manifest = read_manifest(run_dir)
     assert (manifest["status"], manifest["ended_by"]) == ("interrupted", ended_by)
-    stored = _stored_all(run_dir)
+    rllib = progress[-1]["sampled"]  # the train() the signal interrupted: stored, never counted by RLlib
+    stored = _stored_all(run_dir, sampled=(rllib, rllib + ITERATION_STEPS))
     figure(ended_by, progress[-1]["sampled"], stored, " (RLlib's count is of the last finished train())")
     assert stored >= progress[-1]["sampled"]
 
@@ -127,7 +134,8 @@ def test_a_sigkilled_driver_loses_nothing_its_runners_handed_over_once_recovered
     assert read_manifest(run_dir)["status"] == "running"
     result = CliRunner().invoke(main, ["recover", run_dir])
     assert result.exit_code == 0, result.output
-    stored = _stored_all(run_dir)
+    rllib = progress[-1]["sampled"]
+    stored = _stored_all(run_dir, sampled=(rllib, rllib + ITERATION_STEPS))
     recovery = read_manifest(run_dir)["recovery"]
     figure("driver SIGKILL + recover", progress[-1]["sampled"], stored,
            f", of them {recovery.get('spool_env_steps_committed', 0)} committed from the spool by recover")
@@ -194,8 +202,8 @@ def test_recover_run_at_once_after_the_driver_alone_is_sigkilled_waits_for_ray_t
     verified = _command("verify", run_dir)
     assert verified.returncode == 0, verified.stdout + verified.stderr
     stored = int(ALL_STORED.search(verified.stdout).group(1))
-    check_run(run_dir, statuses=("recovered",))  # every row, value by value: no gap, no duplicate
     sampled = progress[-1]["sampled"]  # RLlib's count after the last train() that returned
+    check_run(run_dir, statuses=("recovered",), sampled=(sampled, sampled + ITERATION_STEPS))  # every row too
     figure("driver alone SIGKILLed, recover at once", sampled, stored,
            f" ({waited[0].split('; ')[1]}; recover ended {recover_s:.1f} s after the kill)")
     # more only by the train() the kill interrupted (train_batch_size 400), which RLlib never counted
