@@ -67,6 +67,20 @@ def test_info_and_verify_on_a_real_run(recorded_cartpole):
     assert result.exit_code == 0 and "is sound" in result.output
 
 
+def test_info_writes_the_compression_ratio_without_an_exponent(recorded_breakout):
+    from rllib_recorder.commands.report import compression_text
+
+    assert compression_text(58.2e6 / 258.3, 58.2e6) == "260x smaller than the raw 58.2 MB"
+    assert compression_text(1e6, 1.23e6).startswith("1.2x smaller")
+    assert compression_text(1e6, 12.4e6).startswith("12x smaller")
+    assert compression_text(1e6, 99.7e6).startswith("100x smaller")
+    assert compression_text(1e6, 3149e6).startswith("3100x smaller")
+    result = CliRunner().invoke(main, ["info", recorded_breakout])  # Atari frames: over 100x
+    assert result.exit_code == 0, result.output
+    ratio = re.search(r", (\S+)x smaller than the raw ", result.output).group(1)
+    assert re.fullmatch(r"[1-9]\d+", ratio) and int(ratio) >= 100, result.output  # "140x", not "1.4e+02x"
+
+
 def test_verify_reports_a_gap_in_sequence_numbers(tmp_path, recorded_cartpole):
     import shutil
 
