@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import h5py
-import numpy as np
 from click.testing import CliRunner
 
 from rllib_recorder.cli import main
@@ -25,36 +24,6 @@ def test_format_doc_names_every_field():
                   layout.ENCODING_ATTRS, layout.DELTA_ATTRS):
         for name in names:
             assert f"`{name}`" in doc, name
-
-
-def test_format_doc_example_reads_a_real_episode(tmp_path, recorded_cartpole):
-    doc = open(os.path.join(ROOT, "docs", "FORMAT.md")).read()
-    code = re.search(r"## Reading one episode with plain h5py\n```python\n(.*?)```", doc, re.S).group(1)
-    code = code.replace("recordings/<run>", recorded_cartpole)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split()[1].isdigit()
-
-
-def test_format_doc_frame_stack_example_rebuilds_what_the_reader_gives_of_a_real_breakout_run(recorded_breakout):
-    from rllib_recorder.read.worker_file import WorkerFile
-
-    doc = open(os.path.join(ROOT, "docs", "FORMAT.md")).read()
-    code = re.search(r"### Frame stacks.*?```python\n(.*?)```", doc, re.S).group(1)
-    path = os.path.join(recorded_breakout, "worker-001.h5")
-    reader = WorkerFile(path)
-    try:
-        with h5py.File(path, "r") as f:
-            frags, steps = f["agents/default_agent/fragments"], f["agents/default_agent/steps"]
-            assert steps["obs"].shape[1:] == (84, 84, 1) and steps["obs"].attrs["frame_stack"] == 4
-            for i in range(len(frags["num_rows"])):
-                scope = {"np": np, "frags": frags, "steps": steps, "i": i}
-                exec(code, scope)
-                first, n = int(frags["first_row"][i]), int(frags["num_rows"][i])
-                want = reader.column("default_agent", "obs", slice(first, first + n))
-                assert want.shape == (n, 84, 84, 4)
-                assert np.array_equal(scope["obs"].astype(np.float32) / 128 - 1, want)
-    finally:
-        reader.close()
 
 
 def test_info_and_verify_on_a_real_run(recorded_cartpole):
