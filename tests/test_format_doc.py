@@ -1,7 +1,8 @@
 """docs/FORMAT.md's code, run as written (plain h5py and numpy) against real recordings and compared value by value
 with what ``open_run`` reads: Pong with an episode across two fragments of one chunk, each longer than
 ``delta_key_rows``; Breakout with start states stored against an earlier one; CartPole with several episodes a
-chunk; a multi-agent run. The blocks are taken from the markdown itself, so the doc and this test cannot drift."""
+chunk; a multi-agent run (tests/conftest.py's turn-based one). The blocks are taken from the markdown itself, so
+the doc and this test cannot drift."""
 
 from __future__ import annotations
 
@@ -25,15 +26,18 @@ DOC = os.path.join(ROOT, "docs", "FORMAT.md")
 RUNS = ["pong", "breakout", "cartpole", "multi_agent"]
 # Every section of FORMAT.md with a python block, and the tests here that run it.
 EXERCISED = {
-    "Policy lag": "test_policy_lag_block_gives_the_readers_lag_of_every_row",
-    "Image columns stored as uint8": "test_fragment_blocks_give_every_step_column_as_the_reader_does",
-    "Frame deltas (schema 3.0)": "test_fragment_blocks_give_every_step_column_as_the_reader_does",
+    "Policy lag": ("test_policy_lag_block_gives_the_readers_lag_of_every_row",),
+    "Image columns stored as uint8": ("test_fragment_blocks_give_every_step_column_as_the_reader_does",),
+    "Frame deltas (schema 3.0)": ("test_fragment_blocks_give_every_step_column_as_the_reader_does",),
     "Frame stacks stored as their newest frames (schema 2.0)":
-        "test_fragment_blocks_give_every_step_column_as_the_reader_does",
+        ("test_fragment_blocks_give_every_step_column_as_the_reader_does",),
     "/agents/&lt;agent&gt;/fragments: the episode index, one row per episode fragment":
-        "test_infos_block_gives_the_readers_infos_of_every_episode",
-    "Start states (schema 1.1; blob form of 1.2)": "test_start_state_block_gives_the_readers_start_states",
-    "Reading one episode with plain h5py": "test_reading_one_episode_gives_the_readers_episode",
+        ("test_infos_block_gives_the_readers_infos_of_every_episode", "test_the_infos_block_reads_both_stored_forms"),
+    "Start states (schema 1.1; blob form of 1.2)":
+        ("test_start_state_block_gives_the_readers_start_states",
+         "test_the_start_state_block_xors_any_array_and_reads_the_npz_form",
+         "test_the_restore_block_puts_an_env_in_the_recorded_start_state"),
+    "Reading one episode with plain h5py": ("test_reading_one_episode_gives_the_readers_episode",),
 }
 
 
@@ -117,38 +121,14 @@ def pong(ray_session, tmp_path_factory):
     return run_dir
 
 
-@pytest.fixture(scope="module")
-def multi_agent(ray_session, tmp_path_factory):
-    """PPO on a turn-based three-agent env (tests.envs.TurnBasedEnv), fragments of 7 env steps: one file, three
-    agents, episodes cut across samples, every fragment of the iteration in one coalesced chunk."""
-    from ray.rllib.algorithms.ppo import PPOConfig
-    from ray.tune.registry import register_env
-
-    from rllib_recorder import RecorderCallback
-    from tests.envs import TurnBasedEnv
-
-    register_env("turn_based", lambda cfg: TurnBasedEnv(cfg))
-    config = (
-        PPOConfig().environment("turn_based", disable_env_checking=True)
-        .env_runners(num_env_runners=1, rollout_fragment_length=7)
-        .multi_agent(policies={"pab", "pc"}, policy_mapping_fn=lambda aid, *a, **k: "pc" if aid == "c" else "pab")
-        .training(train_batch_size=60, minibatch_size=30, num_epochs=1)
-        .callbacks(RecorderCallback.configured(output_dir=str(tmp_path_factory.mktemp("ma"))))
-    )
-    algo = config.build_algo()
-    run_dir = algo.train()["recorder"]["run_dir"]
-    algo.stop()
-    return run_dir
-
-
 @pytest.fixture(params=RUNS)
 def run_dir(request):
     fixtures = {"pong": "pong", "breakout": "recorded_breakout", "cartpole": "recorded_cartpole",
-                "multi_agent": "multi_agent"}
+                "multi_agent": "recorded_turn_based"}
     return request.getfixturevalue(fixtures[request.param])
 
 
-def test_the_recordings_hold_what_the_doc_must_be_read_right_on(pong, recorded_breakout, multi_agent):
+def test_the_recordings_hold_what_the_doc_must_be_read_right_on(pong, recorded_breakout, recorded_turn_based):
     with h5py.File(os.path.join(pong, "worker-001.h5"), "r") as h5:
         frags, steps, _ = fragments_of(h5, "default_agent")
         every = int(steps["obs"].attrs["delta_key_rows"])
@@ -161,8 +141,8 @@ def test_the_recordings_hold_what_the_doc_must_be_read_right_on(pong, recorded_b
         states = h5["agents/default_agent/fragments/start_state"]
         flags = {states[i].tobytes()[4] for i in range(len(states)) if len(states[i])}
         assert flags == {1, 3}  # plain and compressed; stored against an earlier one and compressed
-    with open_run(multi_agent) as run:
-        assert len(run.files[0].agents) == 3 and np.bincount(run.files[0].fragments("a")["batch"]).max() > 1
+    with open_run(recorded_turn_based) as run:
+        assert len(run.files[0].agents) == 4 and np.bincount(run.files[0].fragments("a")["batch"]).max() > 1
 
 
 # --- the doc's blocks --------------------------------------------------------------------------------------------
@@ -171,6 +151,7 @@ def test_the_recordings_hold_what_the_doc_must_be_read_right_on(pong, recorded_b
 def test_every_python_block_of_the_doc_is_run_here():
     headings = {h for h, _ in blocks()}
     assert headings == set(EXERCISED), f"python blocks of FORMAT.md no test here runs: {headings - set(EXERCISED)}"
+    assert all(name in globals() for names in EXERCISED.values() for name in names)
     assert all("rllib_recorder" not in code for _, code in blocks())  # plain h5py and numpy
 
 
