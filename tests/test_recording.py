@@ -97,6 +97,7 @@ def new_stack_run(ray_session, tmp_path_factory):
     return record(ppo(), tmp_path_factory.mktemp("new"), iterations=3, coalesce_rows=100)
 
 
+@pytest.mark.compat
 def test_every_step_of_every_runner_is_stored_exactly_once(new_stack_run):
     run_dir, results, _ = new_stack_run
     sampled = rllib_sampled(results)  # RLlib's count
@@ -109,6 +110,7 @@ def test_every_step_of_every_runner_is_stored_exactly_once(new_stack_run):
     assert counts["agent_steps"] == sampled
 
 
+@pytest.mark.compat
 def test_stored_returns_equal_rllibs_episode_returns(new_stack_run):
     run_dir, results, logged = new_stack_run
     stored = check_run(run_dir, sampled=rllib_sampled(results))["returns"]
@@ -129,6 +131,7 @@ def test_train_results_carry_recorder_metrics(new_stack_run):
     assert metrics["policy_lag_max"] == 0  # synchronous PPO samples with the learner's weights
 
 
+@pytest.mark.compat
 def test_consumed_counts_each_trained_step_once_not_per_epoch_or_minibatch(new_stack_run):
     run_dir, results, _ = new_stack_run
     for n, result in enumerate(results, 1):  # PPO trains on every step it sampled in the iteration, once
@@ -188,7 +191,9 @@ def test_synchronous_ppo_shows_policy_lag_zero_on_every_step(new_stack_run):
 
 @pytest.mark.parametrize(
     "obs_kind, old_stack, multi_agent",
-    [("vector", False, True), ("vector", True, False), ("vector", True, True), ("image", False, False),
+    [pytest.param("vector", False, True, marks=pytest.mark.compat),
+     pytest.param("vector", True, False, marks=pytest.mark.compat),
+     pytest.param("vector", True, True, marks=pytest.mark.compat), ("image", False, False),
      ("image_u8", True, False), ("dict", False, False)],
     ids=["new-multi-agent", "old-single-agent", "old-multi-agent", "image-obs", "uint8-image-obs-old-stack",
          "dict-obs"],

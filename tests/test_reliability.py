@@ -43,6 +43,7 @@ def _build(config, out, **settings):
     return config.callbacks(RecorderCallback.configured(output_dir=str(out), **settings)).build_algo()
 
 
+@pytest.mark.compat
 @pytest.mark.slow
 def test_killed_writer_is_restarted_and_loses_nothing(ray_session, tmp_path):
     algo = _build(ppo(runners=2), tmp_path, coalesce_rows=0)
