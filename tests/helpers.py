@@ -153,16 +153,21 @@ def rllib_sampled(results: list[dict], key: str = "num_env_steps_sampled", befor
     return total
 
 
-def trial_results(result) -> list[dict]:
-    """Every train result of a Tune trial (its ``metrics_dataframe``, one row per iteration) as the nested dicts
-    ``rllib_sampled`` takes: RLlib's own sampled counts only."""
-    frame = result.metrics_dataframe
-    rows = []
-    for _, row in frame.iterrows():
-        runners = {key.split("/", 1)[1]: row[key] for key in frame.columns
-                   if key.startswith("env_runners/num_env_steps_sampled")}
-        rows.append({"env_runners": runners, "training_iteration": row["training_iteration"]})
-    return rows
+def rllib_counts_callback():
+    """A Tune callback that sums RLlib's own per-iteration count of env steps sampled per trial, from every result
+    as Tune gets it (``.sampled[trial_id]``): every iteration of every attempt, whatever Tune keeps in its files
+    after a pause, a restore or PBT's exploit."""
+    from ray import tune
+
+    class RllibCounts(tune.Callback):
+        def __init__(self) -> None:
+            self.sampled: dict[str, int] = {}
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            count = (result.get("env_runners") or {}).get("num_env_steps_sampled")
+            self.sampled[trial.trial_id] = self.sampled.get(trial.trial_id, 0) + int(_number(count))
+
+    return RllibCounts()
 
 
 def _number(value) -> float:

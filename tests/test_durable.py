@@ -17,7 +17,7 @@ import pytest
 from rllib_recorder import RecorderCallback, open_run
 from rllib_recorder.format import segments
 from tests.envs import logged_steps
-from tests.helpers import trial_results
+from tests.helpers import rllib_counts_callback
 from tests.integrity import check_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -438,7 +438,8 @@ def test_a_tune_trial_retried_on_another_node_records_on_into_its_run_at_the_tar
                                                           staging_dir=str(staging), segment_s=0.2))
     results = tune.Tuner(config.algo_class, param_space=config, run_config=tune.RunConfig(
         name="retried", stop={"training_iteration": 8}, storage_path=str(tmp_path / "tune"), verbose=0,
-        failure_config=tune.FailureConfig(max_failures=1), callbacks=[NodeGone()])).fit()
+        failure_config=tune.FailureConfig(max_failures=1), callbacks=[NodeGone(), counted := rllib_counts_callback()])
+    ).fit()
     assert not results.errors and (tmp_path / "failed").exists()  # the env did raise, and Tune retried the trial
     (result,) = results
     run_dir = result.metrics["recorder"]["target"]
@@ -459,7 +460,7 @@ def test_a_tune_trial_retried_on_another_node_records_on_into_its_run_at_the_tar
         lost = sum(sum(a.lost.values()) for a in accounts(run.manifest, run.files))  # its tail, named
     # RLlib's count of both attempts: every iteration Tune logged for either, and at most the iteration whose
     # env raised (80 steps), whose samples RLlib never counted
-    rllib = sum(int(row["env_runners"]["num_env_steps_sampled"]) for row in trial_results(result))
+    rllib = counted.sampled[result.metrics["trial_id"]]
     check_run(run_dir, sampled=(rllib, rllib + 80), not_stored=lost, allow_gaps=True)
 
 

@@ -16,7 +16,7 @@ from rllib_recorder import ConfigError, OutputDirError, RecorderCallback, Record
 from rllib_recorder.cli import main
 from rllib_recorder.commands.verify import verify_report
 from rllib_recorder.read.run import open_run
-from tests.helpers import rllib_sampled, trial_results, with_callbacks
+from tests.helpers import rllib_counts_callback, rllib_sampled, with_callbacks
 from tests.integrity import check_run
 from tests.test_recording import ppo, record
 
@@ -160,7 +160,8 @@ def test_two_tune_trials_get_separate_complete_runs(ray_session, tmp_path):
     config = config.training(lr=tune.grid_search([1e-4, 1e-3]))
     tuner = tune.Tuner(
         config.algo_class, param_space=config,
-        run_config=tune.RunConfig(stop={"training_iteration": 2}, storage_path=str(tmp_path / "tune"), verbose=0),
+        run_config=tune.RunConfig(stop={"training_iteration": 2}, storage_path=str(tmp_path / "tune"), verbose=0,
+                                  callbacks=[counted := rllib_counts_callback()]),
         tune_config=tune.TuneConfig(max_concurrent_trials=2),
     )
     results = tuner.fit()
@@ -176,7 +177,7 @@ def test_two_tune_trials_get_separate_complete_runs(ray_session, tmp_path):
     assert sorted(index["runs"]) == [os.path.basename(d) for d in run_dirs]
     trial_ids = sorted(r.metrics["trial_id"] for r in results)
     assert sorted(e["trial_id"] for e in index["runs"].values()) == trial_ids
-    sampled_by_run = {r.metrics["recorder"]["run_dir"]: rllib_sampled(trial_results(r)) for r in results}
+    sampled_by_run = {r.metrics["recorder"]["run_dir"]: counted.sampled[r.metrics["trial_id"]] for r in results}
     for run_dir in run_dirs:
         counts = check_run(run_dir, sampled=sampled_by_run[run_dir])  # RLlib's count of the trial
         with open_run(run_dir) as run:
