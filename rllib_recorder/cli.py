@@ -416,5 +416,10 @@ def _guard(fn: Any) -> Any:
         sys.exit(2)
 
 
+from rllib_recorder.commands.view import view as _view  # noqa: E402 - the command lives with its logic
+
+main.add_command(_view)
+
+
 if __name__ == "__main__":
     main()
