@@ -153,12 +153,21 @@ def _size(path: str) -> int:
     return stamp[0] if stamp else 0
 
 
+def readable(handle: Handle, evaluation: bool | None = None) -> list[tuple[WorkerFile, FileInfo]]:
+    """The run's worker files whose header could be read, with what the viewer lists of each (``evaluation``:
+    only training files (False), only evaluation files (True), or all)."""
+    infos = {info.name: info for info in files_of(handle)}
+    out = []
+    for f in handle.run.files:
+        info = infos.get(os.path.basename(f.path))
+        if info is not None and info.worker >= 0 and (evaluation is None or info.evaluation == evaluation):
+            out.append((f, info))
+    return out
+
+
 def worker_file(handle: Handle, name: str) -> WorkerFile | None:
     """The readable worker file of that name, or None."""
-    for f in handle.run.files:
-        if os.path.basename(f.path) == name:
-            return f
-    return None
+    return next((f for f, info in readable(handle) if info.name == name), None)
 
 
 def run_episodes(handle: Handle) -> tuple[RunTable, list[str]]:
@@ -168,8 +177,9 @@ def run_episodes(handle: Handle) -> tuple[RunTable, list[str]]:
     files = files_of(handle)
     clock = run_clock(handle)
     parts, problems = [], []
+    found = {info.name: f for f, info in readable(handle)}
     for k, info in enumerate(files):
-        f = worker_file(handle, info.name)
+        f = found.get(info.name)
         if f is None or info.error:
             continue
         opened = opened_stamp(handle, f.path)
@@ -207,9 +217,9 @@ def run_clock(handle: Handle) -> Callable[[str, dict[str, np.ndarray] | None, Fi
     sampled, summed; an episode of a training file ends at the steps of the batches before its own plus its rows
     in its own; one of an evaluation file at the training steps sampled by the time its batch was."""
     files, times, steps = [], [], []
-    for f in handle.run.files:
+    for f, _ in readable(handle, evaluation=False):
         batches, _ = guarded(lambda: file_batches(f, opened_stamp(handle, f.path)))
-        if batches is not None and not f.is_evaluation:
+        if batches is not None:
             files.append(f.path)
             times.append(batches["sampled_at_s"])
             steps.append(batches["env_steps"])
@@ -238,10 +248,8 @@ def run_lags(handle: Handle) -> dict[int, int]:
     """The policy-lag histogram of the run's training files (as ``plot`` and ``info`` count it)."""
     if "lags" not in handle.memo:
         total: dict[int, int] = {}
-        for f in handle.run.files:
-            if f.is_evaluation:
-                continue
-            for agent in guarded(lambda: f.agents)[0] or []:
+        for f, info in readable(handle, evaluation=False):
+            for agent in info.agents:
                 counts, _ = guarded(lambda: file_lags(f, agent, opened_stamp(handle, f.path)))
                 for lag, n in (counts or {}).items():
                     total[lag] = total.get(lag, 0) + n
@@ -254,9 +262,7 @@ def step_series(handle: Handle, totals: dict[str, Any], points: int = 2000) -> d
     batch was sampled) and stored (by when it was written), at most ``points`` each; their slopes are the rates.
     Consumed: the steps the learners trained on by the last train() result the manifest holds."""
     sampled, written, steps = [], [], []
-    for f in handle.run.files:
-        if f.is_evaluation:
-            continue
+    for f, _ in readable(handle, evaluation=False):
         batches, _ = guarded(lambda: file_batches(f, opened_stamp(handle, f.path)))
         if batches and len(batches["env_steps"]):
             sampled.append(batches["sampled_at_s"])

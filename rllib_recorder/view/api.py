@@ -41,7 +41,7 @@ def summary(catalog: Catalog, handle: Handle) -> dict[str, Any]:
         files = agg.files_of(handle)
         done = table.done
         steps = 0
-        for f in handle.run.files:
+        for f, _ in agg.readable(handle):
             batches, _ = guarded(lambda: agg.file_batches(f, agg.opened_stamp(handle, f.path)))
             steps += int(batches["env_steps"].sum()) if batches else 0
         returns = table.ret[done]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -51,6 +52,12 @@ class ViewServer(ThreadingHTTPServer):
         # to 127.0.0.1 (DNS rebinding): only requests naming the server by its loopback address are answered.
         self.hosts = ({f"{name}:{self.port}" for name in ("127.0.0.1", "localhost", "[::1]")}
                       if host in LOOPBACK else None)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A page that went away mid-request is nothing to report; anything else is one line, not a traceback."""
+        error = sys.exc_info()[1]
+        if not isinstance(error, (ConnectionError, TimeoutError)):
+            print(f"view: a request failed ({type(error).__name__}: {error})", file=sys.stderr)
 
 
 class Handler(BaseHTTPRequestHandler):
