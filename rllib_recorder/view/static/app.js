@@ -124,8 +124,8 @@
     const data = await api("runs");
     const picked = new Set(params.getAll("compare"));
     const table = el("table", {class: "runs", id: "runs"});
-    table.append(el("thead", {}, el("tr", {}, ...["", "run", "status", "env steps", "episodes", "finished",
-      "return mean", "on disk", "verify"].map((h) => el("th", {text: h})))));
+    table.append(el("thead", {}, el("tr", {}, ...["", "run", "algorithm on env", "status", "env steps", "episodes",
+      "finished", "return mean", "on disk", "verify"].map((h) => el("th", {text: h})))));
     const body = el("tbody");
     table.append(body);
     const cells = new Map();
@@ -133,21 +133,22 @@
     for (const run of data.runs) {
       if (run.group !== group) {
         group = run.group;
-        body.append(el("tr", {class: "group"}, el("td", {colspan: 9, text: group || "(runs given)"})));
+        body.append(el("tr", {class: "group"}, el("td", {colspan: 10, text: group || "(runs given)"})));
       }
       const box = el("input", {type: "checkbox", "data-run": run.id});
       box.checked = picked.has(run.id);
       const row = el("tr", {class: "run", "data-run": run.id},
         el("td", {}, box), el("td", {class: "name"}, el("a", {href: href({run: run.id}), text: run.name})));
       if (run.error) {
-        row.append(el("td", {class: "error", colspan: 7, text: "unreadable: " + run.error}));
+        row.append(el("td", {class: "error", colspan: 8, text: "unreadable: " + run.error}));
       } else {
         const c = {
-          status: el("td", {class: "status"}), steps: el("td", {class: "num"}), episodes: el("td", {class: "num"}),
-          finished: el("td", {class: "num"}), ret: el("td", {class: "num"}), disk: el("td", {class: "num"}),
-          verdict: el("td", {class: "verdict"}),
+          status: el("td", {class: "status"}), steps: el("td", {class: "num steps"}),
+          episodes: el("td", {class: "num episodes"}), finished: el("td", {class: "num finished"}),
+          ret: el("td", {class: "num return"}), disk: el("td", {class: "num disk"}), verdict: el("td", {class: "verdict"}),
         };
-        row.append(c.status, c.steps, c.episodes, c.finished, c.ret, c.disk, c.verdict);
+        row.append(el("td", {class: "what", text: (run.algorithm || "?") + " on " + (run.env || "?")}),
+                   c.status, c.steps, c.episodes, c.finished, c.ret, c.disk, c.verdict);
         cells.set(run.id, c);
         fillRun(c, run);
       }
