@@ -66,8 +66,8 @@ def view(paths: tuple[str, ...], port: int, host: str | None, no_browser: bool) 
 
     \b
     Examples (recordings/<run>: the run directory train printed):
-      rllib-recorder view recordings --no-browser
-      rllib-recorder view recordings/<run> --port 8765
+      rllib-recorder view recordings
+      rllib-recorder view recordings/<run> --no-browser --port 0
     """
     from rllib_recorder.errors import RecorderError
 
@@ -82,6 +82,7 @@ def view(paths: tuple[str, ...], port: int, host: str | None, no_browser: bool) 
                    "read these recordings; leave --host out to keep them on this machine", err=True)
     runs = len(server.catalog.scan())
     click.echo(f"serving {runs} run(s) below {', '.join(paths)}; Ctrl-C stops")
+    server.warm()
     if not no_browser:
         import webbrowser
 

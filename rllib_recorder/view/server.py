@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import sys
+import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -52,6 +53,20 @@ class ViewServer(ThreadingHTTPServer):
         # to 127.0.0.1 (DNS rebinding): only requests naming the server by its loopback address are answered.
         self.hosts = ({f"{name}:{self.port}" for name in ("127.0.0.1", "localhost", "[::1]")}
                       if host in LOOPBACK else None)
+
+    def warm(self) -> threading.Thread:
+        """Reads what the runs page shows, then verify's verdicts, in a thread: the first page finds them ready
+        (a request that comes first waits for its run's lock, and the work is done once)."""
+        def work() -> None:
+            try:
+                for row in api.runs_json(self.catalog)["runs"]:
+                    api.verdict_json(self.catalog, row["id"], self.verdicts)
+            except Exception:  # the page asks again and gets the error as its answer
+                pass
+
+        thread = threading.Thread(target=work, name="view-warm", daemon=True)
+        thread.start()
+        return thread
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A page that went away mid-request is nothing to report; anything else is one line, not a traceback."""
