@@ -3,6 +3,7 @@ it hands the viewer from the other commands (finding runs, status, verify, rates
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -97,6 +98,12 @@ def view(paths: tuple[str, ...], port: int, host: str | None, no_browser: bool) 
         server.server_close()
         server.catalog.close()
     click.echo("stopped")
+    # The viewer only reads, so nothing is left to flush. Its daemon threads (live streams, a request, the warm-up)
+    # may be inside HDF5 right now: ending the interpreter normally would stop them there, which can abort or hang
+    # the process (a thread stopped holding HDF5's lock); so the process ends here, at once, with exit code 0.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _interrupt(signum: int, frame: Any) -> None:

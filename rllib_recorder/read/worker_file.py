@@ -248,7 +248,7 @@ class WorkerFile:
         if not len(where):
             raise KeyError(f"episode {eps_id!r} of agent {agent!r} is not in {self.path}")
         where = where[np.argsort(frags["t_start"][where], kind="stable")].tolist()
-        reader = episodes.Fragments(self, agent, frags, 1, only=where, columns=columns)
+        reader = episodes.Fragments(self, agent, frags, self.row_bytes(agent, columns), only=where, columns=columns)
         return episodes.assemble(self, eps_id, agent, frags, where, [reader.take(i) for i in where],
                                  self.learner_version_column())
 

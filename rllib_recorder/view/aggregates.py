@@ -14,6 +14,7 @@ from rllib_recorder.view.catalog import Handle, file_stamp, guarded
 
 # Per-file aggregates, by key, with the file's stamp when made (``read.worker_file._remembered``: a value is kept
 # only if the file did not change while it was made); one entry per file and agent, whatever the file's size.
+_INDEX: dict[Any, Any] = {}
 _EPISODES: dict[Any, Any] = {}
 _BATCHES: dict[Any, Any] = {}
 _LAGS: dict[Any, Any] = {}
@@ -44,8 +45,14 @@ def _kept_while(path: str, opened: Any) -> Callable[[], bool]:
     return lambda: file_stamp(path) == opened
 
 
+def file_index(f: WorkerFile, agent: str, opened: Any) -> dict[str, np.ndarray]:
+    """The agent's episode index (``WorkerFile.fragments``), read once per file stamp: every frames request and
+    episode of the file looks its fragments up in it."""
+    return _remembered(_INDEX, (f.path, agent), f.path, lambda: f.fragments(agent), _kept_while(f.path, opened))
+
+
 def file_episodes(f: WorkerFile, agent: str, opened: Any) -> FileEpisodes:
-    return _remembered(_EPISODES, (f.path, agent), f.path, lambda: episodes_of(f.fragments(agent)),
+    return _remembered(_EPISODES, (f.path, agent), f.path, lambda: episodes_of(file_index(f, agent, opened)),
                        _kept_while(f.path, opened))
 
 

@@ -3,6 +3,7 @@ read through ``read/`` (docs/reference.md lists every endpoint and field)."""
 
 from __future__ import annotations
 
+import base64
 import os
 from typing import Any
 
@@ -184,25 +185,37 @@ def episodes_json(catalog: Catalog, run_id: str, *, sort: str = "end", descendin
                 "best": episode_row(table, files, best) if best is not None else None}
 
 
-def episode_json(catalog: Catalog, run_id: str, file: str, eps_id: str) -> dict[str, Any]:
-    """One episode of one file: every agent's track, and how its pictures are drawn."""
+# Stored frames sent with an episode, from the step the page opens at: its first picture needs no second request.
+FIRST_FRAMES = 8
+
+
+def episode_json(catalog: Catalog, run_id: str, file: str, eps_id: str, t: int = 0) -> dict[str, Any]:
+    """One episode of one file: every agent's track, and how its pictures are drawn (stored frames: with the
+    ones of the steps from ``t`` on, on the episode's timeline)."""
     with catalog.opened(run_id) as handle:
         f = agg.worker_file(handle, file)
         if f is None:
             raise NotFound(f"run {run_id!r} has no readable file {file!r}")
-        agents = [a for a in f.agents if eps_id.encode() in f.fragments(a)["eps_id"]]
+        opened = agg.opened_stamp(handle, f.path)
+        indexes = {a: agg.file_index(f, a, opened) for a in f.agents}
+        agents = [a for a, index in indexes.items() if eps_id.encode() in index["eps_id"]]
         if not agents:
             raise NotFound(f"file {file!r} holds no episode {eps_id!r}")
         tracks, picture = [], None
         for agent in agents:
             drawn = picture is None and obs_is_picture(f, agent)
-            episode = f.episode(eps_id, agent, columns=TRACK_COLUMNS + ([] if drawn else ["obs"]))
+            episode = f.episode(eps_id, agent, indexes[agent], columns=TRACK_COLUMNS + ([] if drawn else ["obs"]))
             tracks.append(track_json(episode, with_obs=not drawn))
             if drawn:
-                first, _ = frames(f, agent, eps_id, 0, 1)
+                env_t = np.asarray(episode.env_t)[:len(episode)]
+                k = int(np.searchsorted(env_t, t, "right")) - 1 if len(env_t) == len(episode) else t
+                k = min(max(k, 0), max(len(episode) - 1, 0))
+                first, _ = frames(f, agent, indexes[agent], eps_id, k, FIRST_FRAMES)
                 picture = {"kind": "frames", "agent": agent, "count": len(episode),
                            "height": first.shape[1], "width": first.shape[2],
-                           "channels": first.shape[3] if first.ndim == 4 else 1}
+                           "channels": first.shape[3] if first.ndim == 4 else 1,
+                           "first": {"start": k, "count": len(first), "b64": base64.b64encode(first.tobytes())
+                                     .decode("ascii")}}
         picture = picture or _drawn_how(catalog, tracks)
         steps = max(track["steps"] for track in tracks)
         return {"run": run_id, "file": file, "worker": f.worker_index, "evaluation": f.is_evaluation,
@@ -229,9 +242,10 @@ def frames_bytes(catalog: Catalog, run_id: str, file: str, eps_id: str, agent: s
     """The stored pictures of steps ``[start, start + count)`` as raw uint8, and headers naming their shape."""
     with catalog.opened(run_id) as handle:
         f = agg.worker_file(handle, file)
-        if f is None or agent not in f.agents or not episode_rows(f, agent, eps_id):
+        index = agg.file_index(f, agent, agg.opened_stamp(handle, f.path)) if f and agent in f.agents else None
+        if index is None or not episode_rows(index, eps_id):
             raise NotFound(f"no episode {eps_id!r} of agent {agent!r} in {file!r}")
-        pictures, total = frames(f, agent, eps_id, start, count)
+        pictures, total = frames(f, agent, index, eps_id, start, count)
     height, width = pictures.shape[1:3]
     channels = pictures.shape[3] if pictures.ndim == 4 else 1
     return pictures.tobytes(), {"X-Frames-Start": str(start), "X-Frames-Count": str(len(pictures)),

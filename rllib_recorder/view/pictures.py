@@ -20,9 +20,9 @@ MAX_FRAMES = 1024
 PICTURE_CACHE_BYTES = 64 << 20
 
 
-def episode_rows(f: WorkerFile, agent: str, eps_id: str) -> list[tuple[int, int]]:
-    """The file rows ``[first, end)`` of the episode's fragments, in step order."""
-    frags = f.fragments(agent)
+def episode_rows(frags: dict[str, np.ndarray], eps_id: str) -> list[tuple[int, int]]:
+    """The file rows ``[first, end)`` of the episode's fragments (``frags``: its agent's episode index), in step
+    order."""
     where = np.flatnonzero(frags["eps_id"] == eps_id.encode())
     where = where[np.argsort(frags["t_start"][where], kind="stable")]
     return [(int(frags["first_row"][i]), int(frags["first_row"][i] + frags["num_rows"][i])) for i in where]
@@ -36,11 +36,13 @@ def newest(frames: np.ndarray) -> np.ndarray:
     return frames[..., -1]
 
 
-def frames(f: WorkerFile, agent: str, eps_id: str, start: int, count: int) -> tuple[np.ndarray, int]:
+def frames(f: WorkerFile, agent: str, frags: dict[str, np.ndarray], eps_id: str, start: int,
+           count: int) -> tuple[np.ndarray, int]:
     """The stored pictures of steps ``[start, start + count)`` of the episode (uint8, rows of (H, W) or (H, W, 3)),
-    read only from the fragments that hold them; and the episode's number of steps."""
+    read only from the fragments that hold them (``frags``: the agent's episode index); and the episode's number
+    of steps."""
     pieces, offset = [], 0
-    spans = episode_rows(f, agent, eps_id)
+    spans = episode_rows(frags, eps_id)
     end = start + min(count, MAX_FRAMES)
     for first, stop in spans:
         n = stop - first

@@ -3,6 +3,7 @@ page's files from the package, the JSON API and the live stream, and nothing els
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -43,6 +44,7 @@ class ViewServer(ThreadingHTTPServer):
         self.verdicts: dict[str, Any] = {}
         self.poll_s = poll_s
         self.host = host
+        self.assets = page_files()
         if ":" in host:
             self.address_family = socket.AF_INET6
         super().__init__((host, port), Handler)
@@ -73,6 +75,23 @@ class ViewServer(ThreadingHTTPServer):
         error = sys.exc_info()[1]
         if not isinstance(error, (ConnectionError, TimeoutError)):
             print(f"view: a request failed ({type(error).__name__}: {error})", file=sys.stderr)
+
+
+def page_files() -> dict[str, tuple[bytes, str, str]]:
+    """The page's files (name -> content, type, content hash), read once; ``index.html`` names the others with
+    their hash (``/static/app.js?v=...``), so that a browser keeps them until they change."""
+    files = {}
+    for name in sorted(os.listdir(STATIC_DIR)):
+        kind = CONTENT_TYPES.get(os.path.splitext(name)[1])
+        if kind is not None:
+            with open(os.path.join(STATIC_DIR, name), "rb") as f:
+                body = f.read()
+            files[name] = (body, kind, hashlib.sha256(body).hexdigest()[:16])
+    page = files["index.html"][0]
+    for name, (_, _, version) in files.items():
+        page = page.replace(f'"/static/{name}"'.encode(), f'"/static/{name}?v={version}"'.encode())
+    files["index.html"] = (page, files["index.html"][1], "")
+    return files
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -110,18 +129,20 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/":
             self._static("index.html")
         elif path.startswith("/static/"):
-            self._static(path[len("/static/"):])
+            self._static(path[len("/static/"):], query.get("v"))
         elif path in ROUTES:
             ROUTES[path](self, query)
         else:
             raise NotFound("no such page")
 
-    def _static(self, name: str) -> None:
-        kind = CONTENT_TYPES.get(os.path.splitext(name)[1])
-        if "/" in name or kind is None or name not in os.listdir(STATIC_DIR):
+    def _static(self, name: str, version: str | None = None) -> None:
+        found = self.server.assets.get(name)
+        if found is None:
             raise NotFound("no such file")
-        with open(os.path.join(STATIC_DIR, name), "rb") as f:
-            self._send(200, f.read(), kind, {"Cache-Control": "no-cache"})
+        body, kind, current = found
+        # the page names each file with its content's hash: a browser keeps it until the file changes
+        cache = "public, max-age=31536000, immutable" if version == current else "no-cache"
+        self._send(200, body, kind, {"Cache-Control": cache})
 
     def _send(self, status: int, body: bytes, kind: str, headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
@@ -197,7 +218,7 @@ def _episodes(h: Handler, q: dict[str, str]) -> None:
 
 
 def _episode(h: Handler, q: dict[str, str]) -> None:
-    h._json(api.episode_json(h.server.catalog, *_need(q, "run", "file", "episode")))
+    h._json(api.episode_json(h.server.catalog, *_need(q, "run", "file", "episode"), t=max(0, _int(q, "t", 0))))
 
 
 def _frames(h: Handler, q: dict[str, str]) -> None:

@@ -4,6 +4,7 @@ their little-endian bytes: exact, NaN kept, quick to send and to read in a brows
 from __future__ import annotations
 
 import base64
+import json
 import math
 from typing import Any
 
@@ -94,9 +95,18 @@ def track_json(episode: Episode, with_obs: bool) -> dict[str, Any]:
         "terminated": bool(n and episode.terminateds[-1]), "truncated": bool(n and episode.truncateds[-1]),
         "x": typed(env_t[:n].astype(np.int64)) if len(env_t) >= n and n else None,
         "steps": int(env_t[:n].max()) + 1 if len(env_t) >= n and n else n,
-        "columns": columns, "infos": [jsonable(i) for i in (episode.infos or [])],
+        "columns": columns, "infos": plain_infos(episode.infos or []),
         "start_state": episode.start_state_kind or None,
     }
+
+
+def plain_infos(infos: list[Any]) -> list[Any]:
+    """Infos as plain JSON: as read (the reader parsed them from JSON) unless one holds what JSON can't (NaN)."""
+    try:
+        json.dumps(infos, allow_nan=False)
+        return infos
+    except (TypeError, ValueError):
+        return [jsonable(i) for i in infos]
 
 
 def _number(value: float) -> float | str:

@@ -391,8 +391,14 @@
       this.chunks = new Map();
       this.loading = new Map();
       this.keep = 48;
+      // the frames the episode came with: its first picture needs no request of its own
+      this.first = picture.first ? {start: picture.first.start, data: unbase64(picture.first.b64)} : null;
     }
     get(k) {
+      const f = this.first;
+      if (f && k >= f.start && (k - f.start + 1) * this.size <= f.data.length) {
+        return f.data.subarray((k - f.start) * this.size, (k - f.start + 1) * this.size);
+      }
       const c = this.chunks.get(Math.floor(k / this.chunk));
       if (!c) return null;
       const i = k % this.chunk;
@@ -462,6 +468,7 @@
     if (column.text) return column.text[k];
     if (!column.data) return column.dtype + "[" + column.shape.join("×") + "]" + (column.name === "obs" ? " (the picture)" : "");
     const d = column.dims, out = [];
+    if (column.name === "policy_lag" && column.data[k] !== column.data[k]) return "unknown (no learner version)";
     for (let j = 0; j < Math.min(d, 16); j++) {
       const v = column.data[k * d + j];
       out.push(column.dtype === "bool" ? String(!!v) : column.values.type === "f4" ? f32(v) : String(v));
@@ -471,9 +478,10 @@
   }
 
   async function episodePage(runId, file, epsId) {
-    const data = await api("episode", {run: runId, file: file, episode: epsId});
+    const asked = Math.max(0, parseInt(params.get("t") || "0", 10) || 0);
+    const data = await api("episode", {run: runId, file: file, episode: epsId, t: asked});
     const n = data.steps;
-    let t = Math.max(0, Math.min(n - 1, parseInt(params.get("t") || "0", 10) || 0));
+    let t = Math.min(n - 1, asked);
     const tracks = data.tracks.map((track, i) => {
       const columns = track.columns.map((c) => Object.assign({}, c, {data: c.values ? typed(c.values) : null}));
       return Object.assign({}, track, {columns, xs: typed(track.x), color: COLORS[i % COLORS.length]});
@@ -700,8 +708,9 @@
     });
 
     window.viewer = {steps: n, seek: (to) => seek(to, 1), get t() { return t; }, get shown() { return shown; }};
-    await seek(t, 1);
+    await seek(t);
     ready("episode");
+    if (store) store.ensure(stepOf(pictureTrack, t) || 0, 1).catch(() => {});  // then the frames around t
   }
 
   // ------------------------------------------------------------------------------------------- route
