@@ -477,62 +477,17 @@
     return d === 1 && !column.shape.length ? out[0] : "[" + out.join(", ") + "]";
   }
 
-  async function episodePage(runId, file, epsId) {
-    const asked = Math.max(0, parseInt(params.get("t") || "0", 10) || 0);
-    const data = await api("episode", {run: runId, file: file, episode: epsId, t: asked});
-    const n = data.steps;
-    let t = Math.min(n - 1, asked);
+  // every agent's track, its columns' values as typed arrays, and the series a chart draws of them
+  function trackSeries(data) {
     const tracks = data.tracks.map((track, i) => {
       const columns = track.columns.map((c) => Object.assign({}, c, {data: c.values ? typed(c.values) : null}));
       return Object.assign({}, track, {columns, xs: typed(track.x), color: COLORS[i % COLORS.length]});
     });
     const multi = tracks.length > 1;
-    setCrumbs(el("a", {href: "/", text: "runs"}), el("a", {href: href({run: runId}), text: runId.split("/").pop()}),
-              el("span", {text: "episode " + epsId}));
-
-    // picture
-    const picture = data.picture;
-    const pictureBox = el("div", {class: "picture"});
-    const canvas = el("canvas", {id: "frame"});
-    const note = el("p", {class: "note"});
-    let store = null, image = null, obsChart = null;
-    const base = {run: runId, file: file, episode: epsId};
-    const pictureTrack = tracks.find((tr) => tr.agent === picture.agent) || tracks[0];
-    if (picture.kind === "frames") {
-      canvas.width = picture.width;
-      canvas.height = picture.height;
-      canvas.style.width = picture.width * 4 + "px";
-      image = canvas.getContext("2d").createImageData(picture.width, picture.height);
-      store = new Frames(Object.assign({agent: picture.agent}, base), picture);
-      pictureBox.append(canvas, el("p", {class: "note", text: "stored frame" + (multi ? " of agent " : "")},
-                                      multi ? el("span", {text: picture.agent}) : null));
-    } else if (picture.kind === "simulated") {
-      store = new Pictures(base, picture.count);
-      pictureBox.append(canvas, el("p", {class: "note", text: "re-simulated from the stored start state with the stored actions"}));
-    }
-    pictureBox.append(note);
-
-    // controls
-    const slider = el("input", {type: "range", min: 0, max: Math.max(0, n - 1), value: t, id: "slider"});
-    const play = el("button", {id: "play", text: "▶ play"});
-    const speed = el("select", {id: "speed"}, ...[1, 2, 5, 10, 15, 30, 60, 120].map((v) =>
-      el("option", {value: v, text: v + " steps/s"})));
-    speed.value = "15";
-    const where = el("span", {id: "where"});
-    const controls = el("div", {class: "player"},
-      el("button", {text: "|◀", title: "first step (Home)", onclick: () => seek(0)}),
-      el("button", {text: "◀", title: "step back (←)", onclick: () => seek(t - 1)}), play,
-      el("button", {text: "▶|", title: "step on (→)", onclick: () => seek(t + 1)}), slider, where, speed);
-
-    // charts, with a shared cursor
-    const chartBox = el("div", {class: "episode-charts"});
-    const charts = [];
-    const pick = (x) => seek(Math.floor(x));
-    const chart = (title, series) => {
-      const c = new Chart(chartBox, {title, kind: "steps", height: 110, xDomain: [0, n], onPick: pick});
-      c.set(series);
-      charts.push(c);
-    };
+    const names = [];
+    for (const tr of tracks) for (const c of tr.columns) if (!names.includes(c.name)) names.push(c.name);
+    const dimsOf = (name) => Math.max(...tracks.map((tr) => (tr.columns.find((c) => c.name === name) || {dims: 0}).dims));
+    // one series per agent of dimension dim of column name (x: the agent's env steps, multi-agent)
     const seriesOf = (name, dim, transform) => tracks.map((tr) => {
       const column = tr.columns.find((c) => c.name === name);
       if (!column || !column.data) return null;
@@ -540,142 +495,176 @@
       if (transform) y = transform(y);
       return {name: multi ? tr.agent : "", x: tr.xs, y, color: tr.color};
     }).filter(Boolean);
-    const cumsum = (y) => { const out = new Float64Array(y.length); let s = 0; y.forEach((v, k) => { s += v; out[k] = s; }); return out; };
-    chart("reward", seriesOf("rewards", 0));
-    chart("return so far", seriesOf("rewards", 0, cumsum));
-    const names = [];
-    for (const tr of tracks) for (const c of tr.columns) if (!names.includes(c.name)) names.push(c.name);
-    const dimsOf = (name) => Math.max(...tracks.map((tr) => (tr.columns.find((c) => c.name === name) || {dims: 0}).dims));
+    const label = (name, d) => name.replace("extra_model_outputs/", "") + (dimsOf(name) > 1 ? "[" + d + "]" : "");
+    return {tracks, multi, names, dimsOf, seriesOf, label};
+  }
+
+  function cumsum(y) {
+    const out = new Float64Array(y.length);
+    let sum = 0;
+    y.forEach((v, k) => { sum += v; out[k] = sum; });
+    return out;
+  }
+
+  // reward, return so far, each action dimension, every model output and the policy lag: one cursor at t
+  function episodeCharts(box, ts, n, pick) {
+    const charts = [];
+    const chart = (title, series) => {
+      const c = new Chart(box, {title, kind: "steps", height: 110, xDomain: [0, n], onPick: pick});
+      c.set(series);
+      charts.push(c);
+    };
+    chart("reward", ts.seriesOf("rewards", 0));
+    chart("return so far", ts.seriesOf("rewards", 0, cumsum));
     const charted = (name) => name.startsWith("actions") || name.startsWith("extra_model_outputs/");
-    for (const name of names.filter(charted)) {
-      const dims = Math.min(dimsOf(name), 8);
-      for (let d = 0; d < dims; d++) {
-        const s = seriesOf(name, d);
-        if (s.length) chart(name.replace("extra_model_outputs/", "") + (dimsOf(name) > 1 ? "[" + d + "]" : ""), s);
+    for (const name of ts.names.filter(charted)) {
+      for (let d = 0; d < Math.min(ts.dimsOf(name), 8); d++) {
+        const series = ts.seriesOf(name, d);
+        if (series.length) chart(ts.label(name, d), series);
       }
     }
-    chart("policy lag", seriesOf("policy_lag", 0));
-    if (picture.kind === "obs") showObs(picture.why);
+    chart("policy lag", ts.seriesOf("policy_lag", 0));
+    return {setCursor: (t) => charts.forEach((c) => c.setCursor(t))};
+  }
 
-    function showObs(why) {
-      note.textContent = why;
-      canvas.remove();
-      const obsNames = names.filter((name) => name.startsWith("obs"));
-      const series = [];
-      for (const name of obsNames) {
-        for (let d = 0; d < Math.min(dimsOf(name), 16); d++) {
-          for (const s of seriesOf(name, d)) series.push(Object.assign(s, {name: (multi ? s.name + " " : "") + name + (dimsOf(name) > 1 ? "[" + d + "]" : ""),
-                                                                           color: COLORS[series.length % COLORS.length]}));
-        }
-      }
-      obsChart = new Chart(pictureBox, {title: "observation", kind: "steps", height: 220, xDomain: [0, n], onPick: pick});
-      pictureBox.insertBefore(obsChart.box, note);
-      obsChart.set(series);
-      obsChart.setCursor(t);
-      store = null;
-    }
-
-    // the values at t
-    const valueTable = el("table", {class: "values", id: "values"});
-    const valueCells = [];
-    for (const tr of tracks) {
-      if (multi) valueTable.append(el("tr", {class: "group"}, el("td", {colspan: 2, text: "agent " + tr.agent})));
+  // the value of every stored column, and the info, of each agent at t
+  function valuesTable(ts) {
+    const table = el("table", {class: "values", id: "values"});
+    const cells = [];
+    for (const tr of ts.tracks) {
+      if (ts.multi) table.append(el("tr", {class: "group"}, el("td", {colspan: 2, text: "agent " + tr.agent})));
       for (const column of tr.columns) {
         const cell = el("td", {class: "mono", "data-column": column.name, "data-agent": tr.agent});
-        valueTable.append(el("tr", {}, el("th", {text: column.name}), cell));
-        valueCells.push([tr, cell, (k) => valueText(column, k)]);
+        table.append(el("tr", {}, el("th", {text: column.name}), cell));
+        cells.push([tr, cell, (k) => valueText(column, k)]);
       }
       const info = el("td", {class: "mono info", "data-column": "infos", "data-agent": tr.agent});
-      valueTable.append(el("tr", {}, el("th", {text: "infos"}), info));
-      valueCells.push([tr, info, (k) => (k < tr.infos.length ? JSON.stringify(tr.infos[k]) : "—")]);
+      table.append(el("tr", {}, el("th", {text: "infos"}), info));
+      cells.push([tr, info, (k) => (k < tr.infos.length ? JSON.stringify(tr.infos[k]) : "—")]);
     }
-
-    const header = el("section", {class: "head"},
-      el("h1", {}, "episode ", el("span", {class: "mono", text: epsId})),
-      el("p", {class: "meta"}, el("span", {class: "mono", text: file}), " · " + (data.evaluation ? "evaluation " : "") +
-         "worker " + data.worker + " · " + n + " " + (data.timeline === "env_t" ? "env steps" : "steps"),
-         ...tracks.flatMap((tr) => [" · ", multi ? el("span", {text: "agent " + tr.agent + ": "}) : "",
-                                     "return " + number(tr["return"]) + (multi ? ", " + tr.length + " steps" : "") +
-                                     (tr.terminated ? ", terminated" : tr.truncated ? ", truncated" : ", not finished")])));
-    main.replaceChildren(header, controls,
-      el("div", {class: "episode"}, el("div", {class: "left"}, pictureBox, valueTable), chartBox));
-
-    // drawing step t
-    let shown = -1;
-    function drawPicture(k) {
-      if (!store || k === null) return false;
-      if (picture.kind === "frames") {
-        const frame = store.get(k);
-        if (!frame) return false;
-        const px = image.data, c = picture.channels;
-        for (let i = 0, j = 0; i < px.length; i += 4, j += c) {
-          px[i] = frame[j];
-          px[i + 1] = frame[c === 3 ? j + 1 : j];
-          px[i + 2] = frame[c === 3 ? j + 2 : j];
-          px[i + 3] = 255;
-        }
-        canvas.getContext("2d").putImageData(image, 0, 0);
-      } else {
-        const bitmap = store.get(k);
-        if (!bitmap) return false;
-        if (canvas.width !== bitmap.width) {
-          canvas.width = bitmap.width;
-          canvas.height = bitmap.height;
-          canvas.style.width = Math.min(bitmap.width, 600) + "px";
-        }
-        canvas.getContext("2d").drawImage(bitmap, 0, 0);
-      }
-      shown = k;
-      return true;
-    }
-
-    function showValues() {
-      slider.value = t;
-      where.textContent = `step ${t} / ${n - 1}`;
-      for (const [tr, cell, text] of valueCells) {
+    const show = (t) => {
+      for (const [tr, cell, text] of cells) {
         const k = stepOf(tr, t);
         const acted = k !== null && (!tr.xs || tr.xs[k] === t);
         cell.textContent = k === null ? "—" : text(k) + (acted ? "" : "  (last acted at " + tr.xs[k] + ")");
       }
-      for (const c of charts) c.setCursor(t);
-      if (obsChart) obsChart.setCursor(t);
-    }
+    };
+    return {table, show};
+  }
 
-    let urlTimer = null;
-    function keepInUrl() {
-      if (urlTimer) return;
-      urlTimer = setTimeout(() => {
-        urlTimer = null;
-        const q = new URLSearchParams(location.search);
-        q.set("t", t);
-        history.replaceState(null, "", "?" + q.toString());
-      }, 250);
-    }
-
-    async function seek(to, ahead) {
-      t = Math.max(0, Math.min(n - 1, to));
-      showValues();
-      keepInUrl();
-      const k = stepOf(pictureTrack, t);
-      if (!store || k === null) return;
-      if (drawPicture(k)) { if (ahead) store.ensure(k, ahead).catch(() => {}); return; }
-      try {
-        await store.ensure(k, ahead);
-      } catch (e) {
-        if (picture.kind === "simulated") showObs("could not re-simulate this episode: " + e.message + "; its observations are drawn");
-        else note.textContent = "error: " + e.message;
-        return;
+  class PictureView {
+    // the picture at step k of the picture's agent: a stored frame, a re-simulated picture, or the observation
+    // as a strip chart (also when re-simulating fails)
+    constructor(picture, base, ts, n, pick) {
+      this.p = picture;
+      this.ts = ts;
+      this.n = n;
+      this.pick = pick;
+      this.box = el("div", {class: "picture"});
+      this.canvas = el("canvas", {id: "frame"});
+      this.note = el("p", {class: "note"});
+      this.store = null;
+      this.strip = null;
+      this.shown = -1;
+      if (picture.kind === "frames") {
+        this.canvas.width = picture.width;
+        this.canvas.height = picture.height;
+        this.canvas.style.width = picture.width * 4 + "px";
+        this.image = this.canvas.getContext("2d").createImageData(picture.width, picture.height);
+        this.store = new Frames(Object.assign({agent: picture.agent}, base), picture);
+        this.box.append(this.canvas, el("p", {class: "note", text: "stored frame" + (ts.multi ? " of agent " : "")},
+                                        ts.multi ? el("span", {text: picture.agent}) : null));
+      } else if (picture.kind === "simulated") {
+        this.store = new Pictures(base, picture.count);
+        this.box.append(this.canvas, el("p", {class: "note", text: "re-simulated from the stored start state with the stored actions"}));
       }
-      if (stepOf(pictureTrack, t) === k) drawPicture(k);
+      this.box.append(this.note);
+      if (picture.kind === "obs") this.observations(picture.why);
     }
 
-    // play: steps advance with the clock at the chosen speed, waiting for a picture not here yet
+    observations(why) {
+      this.note.textContent = why;
+      this.canvas.remove();
+      this.store = null;
+      const series = [];
+      for (const name of this.ts.names.filter((name) => name.startsWith("obs"))) {
+        for (let d = 0; d < Math.min(this.ts.dimsOf(name), 16); d++) {
+          for (const s of this.ts.seriesOf(name, d)) {
+            series.push(Object.assign(s, {name: (this.ts.multi ? s.name + " " : "") + this.ts.label(name, d),
+                                          color: COLORS[series.length % COLORS.length]}));
+          }
+        }
+      }
+      this.strip = new Chart(this.box, {title: "observation", kind: "steps", height: 220, xDomain: [0, this.n],
+                                        onPick: this.pick});
+      this.box.insertBefore(this.strip.box, this.note);
+      this.strip.set(series);
+    }
+
+    draw(k) {
+      if (!this.store || k === null) return false;
+      const thing = this.store.get(k);
+      if (!thing) return false;
+      const g = this.canvas.getContext("2d");
+      if (this.p.kind === "frames") {
+        const px = this.image.data, c = this.p.channels;
+        for (let i = 0, j = 0; i < px.length; i += 4, j += c) {
+          px[i] = thing[j];
+          px[i + 1] = thing[c === 3 ? j + 1 : j];
+          px[i + 2] = thing[c === 3 ? j + 2 : j];
+          px[i + 3] = 255;
+        }
+        g.putImageData(this.image, 0, 0);
+      } else {
+        if (this.canvas.width !== thing.width) {
+          this.canvas.width = thing.width;
+          this.canvas.height = thing.height;
+          this.canvas.style.width = Math.min(thing.width, 600) + "px";
+        }
+        this.canvas.getContext("2d").drawImage(thing, 0, 0);
+      }
+      this.shown = k;
+      return true;
+    }
+
+    // draws step k, fetching its picture first when it is not here; false once the step asked for moved on
+    async show(k, ahead, stillWanted) {
+      if (this.strip) return true;
+      if (!this.store || k === null) return true;
+      if (this.draw(k)) {
+        if (ahead) this.store.ensure(k, ahead).catch(() => {});
+        return true;
+      }
+      try {
+        await this.store.ensure(k, ahead);
+      } catch (e) {
+        if (this.p.kind === "simulated") this.observations("could not re-simulate this episode: " + e.message + "; its observations are drawn");
+        else this.note.textContent = "error: " + e.message;
+        return true;
+      }
+      return stillWanted() ? this.draw(k) : false;
+    }
+  }
+
+  function playerControls(n, t, seek) {
+    const slider = el("input", {type: "range", min: 0, max: Math.max(0, n - 1), value: t, id: "slider"});
+    const play = el("button", {id: "play", text: "▶ play"});
+    const speed = el("select", {id: "speed"}, ...[1, 2, 5, 10, 15, 30, 60, 120].map((v) =>
+      el("option", {value: v, text: v + " steps/s"})));
+    speed.value = "15";
+    const where = el("span", {id: "where"});
+    const box = el("div", {class: "player"},
+      el("button", {text: "|◀", title: "first step (Home)", onclick: () => seek.to(0)}),
+      el("button", {text: "◀", title: "step back (←)", onclick: () => seek.by(-1)}), play,
+      el("button", {text: "▶|", title: "step on (→)", onclick: () => seek.by(1)}), slider, where, speed);
+    slider.addEventListener("input", () => seek.to(parseInt(slider.value, 10)));
     let playing = false;
-    function toggle() {
+    // play: steps advance with the clock at the chosen speed, waiting for a picture not here yet
+    const toggle = () => {
       playing = !playing;
       play.textContent = playing ? "❚❚ pause" : "▶ play";
       if (!playing) return;
-      if (t >= n - 1) seek(0);
+      if (seek.now() >= n - 1) seek.to(0);
       let last = performance.now(), owed = 0, busy = false;
       const tick = async (now) => {
         if (!playing) return;
@@ -685,32 +674,89 @@
           const steps = Math.floor(owed);
           owed -= steps;
           busy = true;
-          await seek(t + steps, 2);
+          await seek.to(seek.now() + steps, 2);
           busy = false;
-          if (t >= n - 1) { toggle(); return; }
+          if (seek.now() >= n - 1) { toggle(); return; }
         }
         requestAnimationFrame(tick);
       };
       requestAnimationFrame(tick);
-    }
+    };
     play.addEventListener("click", toggle);
-    slider.addEventListener("input", () => seek(parseInt(slider.value, 10)));
     document.addEventListener("keydown", (e) => {
       if (e.target.tagName === "SELECT" || e.target.tagName === "INPUT" && e.target.type !== "range") return;
-      if (e.key === "ArrowLeft" || e.key === "ArrowRight") {
+      const keys = {ArrowLeft: () => seek.by(e.shiftKey ? -10 : -1), ArrowRight: () => seek.by(e.shiftKey ? 10 : 1),
+                    " ": toggle, Home: () => seek.to(0), End: () => seek.to(n - 1)};
+      if (keys[e.key]) {
         e.preventDefault();
-        seek(t + (e.key === "ArrowRight" ? 1 : -1) * (e.shiftKey ? 10 : 1));
-      } else if (e.key === " ") {
-        e.preventDefault();
-        toggle();
-      } else if (e.key === "Home") seek(0);
-      else if (e.key === "End") seek(n - 1);
+        keys[e.key]();
+      }
     });
+    const show = (t) => {
+      slider.value = t;
+      where.textContent = `step ${t} / ${n - 1}`;
+    };
+    return {box, show};
+  }
 
-    window.viewer = {steps: n, seek: (to) => seek(to, 1), get t() { return t; }, get shown() { return shown; }};
-    await seek(t);
+  function episodeHeader(data, ts, epsId, file, n) {
+    return el("section", {class: "head"},
+      el("h1", {}, "episode ", el("span", {class: "mono", text: epsId})),
+      el("p", {class: "meta"}, el("span", {class: "mono", text: file}), " · " + (data.evaluation ? "evaluation " : "") +
+         "worker " + data.worker + " · " + n + " " + (data.timeline === "env_t" ? "env steps" : "steps"),
+         ...ts.tracks.flatMap((tr) => [" · ", ts.multi ? el("span", {text: "agent " + tr.agent + ": "}) : "",
+                                        "return " + number(tr["return"]) + (ts.multi ? ", " + tr.length + " steps" : "") +
+                                        (tr.terminated ? ", terminated" : tr.truncated ? ", truncated" : ", not finished")])));
+  }
+
+  // the step t drives the picture, the charts' cursor, the value table and the URL together
+  async function episodePage(runId, file, epsId) {
+    const asked = Math.max(0, parseInt(params.get("t") || "0", 10) || 0);
+    const data = await api("episode", {run: runId, file: file, episode: epsId, t: asked});
+    const n = data.steps;
+    let t = Math.min(n - 1, asked);
+    setCrumbs(el("a", {href: "/", text: "runs"}), el("a", {href: href({run: runId}), text: runId.split("/").pop()}),
+              el("span", {text: "episode " + epsId}));
+    const ts = trackSeries(data);
+    const pictureTrack = ts.tracks.find((tr) => tr.agent === data.picture.agent) || ts.tracks[0];
+    const seek = {
+      to: (to, ahead) => go(to, ahead), by: (steps) => go(t + steps), now: () => t,
+    };
+    const pick = (x) => go(Math.floor(x));
+    const picture = new PictureView(data.picture, {run: runId, file: file, episode: epsId}, ts, n, pick);
+    const player = playerControls(n, t, seek);
+    const values = valuesTable(ts);
+    const chartBox = el("div", {class: "episode-charts"});
+    main.replaceChildren(episodeHeader(data, ts, epsId, file, n), player.box,
+      el("div", {class: "episode"}, el("div", {class: "left"}, picture.box, values.table), chartBox));
+    const charts = episodeCharts(chartBox, ts, n, pick);
+
+    let urlTimer = null;
+    const keepInUrl = () => {
+      if (urlTimer) return;
+      urlTimer = setTimeout(() => {
+        urlTimer = null;
+        const q = new URLSearchParams(location.search);
+        q.set("t", t);
+        history.replaceState(null, "", "?" + q.toString());
+      }, 250);
+    };
+    async function go(to, ahead) {
+      t = Math.max(0, Math.min(n - 1, to));
+      player.show(t);
+      values.show(t);
+      charts.setCursor(t);
+      if (picture.strip) picture.strip.setCursor(t);
+      keepInUrl();
+      const k = stepOf(pictureTrack, t);
+      await picture.show(k, ahead, () => stepOf(pictureTrack, t) === k);
+      if (picture.strip) picture.strip.setCursor(t);
+    }
+
+    window.viewer = {steps: n, seek: (to) => go(to, 1), get t() { return t; }, get shown() { return picture.shown; }};
+    await go(t);
     ready("episode");
-    if (store) store.ensure(stepOf(pictureTrack, t) || 0, 1).catch(() => {});  // then the frames around t
+    if (picture.store) picture.store.ensure(stepOf(pictureTrack, t) || 0, 1).catch(() => {});  // then the frames around t
   }
 
   // ------------------------------------------------------------------------------------------- route
