@@ -163,7 +163,7 @@
     ready("runs");
     if (picked.size) overlay(table, compare);
     (async () => { for (const [id, c] of cells) await verdictCell(c.verdict, id); })();
-    if (data.runs.some((r) => r.recording)) setTimeout(() => refreshRuns(cells), 2000);
+    setTimeout(() => refreshRuns(data.runs, cells), data.runs.some((r) => r.recording) ? 2000 : 10000);
   }
 
   function fillRun(c, run) {
@@ -177,11 +177,16 @@
     c.disk.textContent = bytes(run.disk_bytes);
   }
 
-  async function refreshRuns(cells) {
+  // the runs' counts follow while any records (every 2 s), and a run that appears is listed (every 10 s)
+  async function refreshRuns(before, cells) {
     const data = await api("runs").catch(() => null);
     if (!data) return;
+    if (data.runs.map((r) => r.id).join("\0") !== before.map((r) => r.id).join("\0")) {
+      runsPage();
+      return;
+    }
     for (const run of data.runs) if (cells.has(run.id) && !run.error) fillRun(cells.get(run.id), run);
-    if (data.runs.some((r) => r.recording)) setTimeout(() => refreshRuns(cells), 2000);
+    setTimeout(() => refreshRuns(data.runs, cells), data.runs.some((r) => r.recording) ? 2000 : 10000);
   }
 
   async function overlay(table, box) {
