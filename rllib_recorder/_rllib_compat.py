@@ -8,12 +8,55 @@ imported inside the functions: the CLI imports this module without Ray.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
+import os
+import sys
 from typing import Any, Callable, Iterator
 
-# The Ray release every access below was read from (site-packages/ray, 2.60.0).
-RAY_VERSION = "2.60.0"
+# The Ray releases the compatibility job proves (pyproject.toml declares the same range): every access below was
+# read from each of their wheels, and each difference between them is handled where it is read, naming the release.
+OLDEST_TESTED, NEWEST_TESTED = "2.41.0", "2.60.0"
+TESTED_RANGE = ">=2.41,<2.61"
+ANY_RAY_ENV = "RLLIB_RECORDER_ANY_RAY"  # set (to anything but 0): no warning outside the tested range
+_warned = False
+
+
+def callback_base() -> type:
+    """RLlib's callback base class, ``RLlibCallback`` (Ray 2.41; before: ``DefaultCallbacks``, which the recorder
+    does not support: ``unsupported_ray()`` says so when the callback is configured or the algorithm built)."""
+    try:
+        from ray.rllib.callbacks.callbacks import RLlibCallback
+    except ImportError:
+        from ray.rllib.algorithms.callbacks import DefaultCallbacks as RLlibCallback
+    return RLlibCallback
+
+
+def unsupported_ray() -> str | None:
+    """One line when the installed Ray lacks what recording needs (a release before 2.41), else None."""
+    import ray
+
+    if ray_release() >= (2, 41):
+        return None
+    return (f"ray {ray.__version__} is older than any Ray rllib_recorder can record with (RLlib's callbacks and "
+            f"episodes changed in 2.41): install a tested release, pip install 'ray[rllib]{TESTED_RANGE}'")
+
+
+def warn_untested_ray(echo: Callable[[str], None] | None = None) -> None:
+    """Prints once per process, when the installed Ray is outside the tested range, one warning line naming the
+    range and ``ANY_RAY_ENV``; recording goes on."""
+    global _warned
+    import ray
+
+    newest = tuple(int(x) for x in NEWEST_TESTED.split(".")[:2])
+    if _warned or ray_release() <= newest or os.environ.get(ANY_RAY_ENV, "0") not in ("", "0"):
+        return
+    _warned = True
+    line = (f"rllib_recorder: warning: ray {ray.__version__} is newer than the releases it was tested with "
+            f"({OLDEST_TESTED} to {NEWEST_TESTED}); recording goes on, and rllib-recorder verify checks each run "
+            f"(set {ANY_RAY_ENV}=1 to silence this)")
+    (echo or (lambda text: print(text, file=sys.stderr)))(line)
 
 
 def tune_dir_names(algorithm: Any) -> tuple[str | None, str | None]:
@@ -76,8 +119,10 @@ def deprecated_value() -> Any:
 
     Private: ``ray._common.deprecation.DEPRECATED_VALUE``. Public: none.
     """
-    from ray._common.deprecation import DEPRECATED_VALUE
-
+    try:
+        from ray._common.deprecation import DEPRECATED_VALUE
+    except ImportError:  # Ray 2.49 and earlier: RLlib's own module (2.50 moved it to ray._common)
+        from ray.rllib.utils.deprecation import DEPRECATED_VALUE
     return DEPRECATED_VALUE
 
 
@@ -96,6 +141,87 @@ def generator_backpressure(objects: int) -> dict[str, Any]:
     Private: the ``_generator_backpressure_num_objects`` option of ``.options()``. Public: none in 2.60.
     """
     return {"_generator_backpressure_num_objects": objects}
+
+
+def env_steps_sampled(result: dict[str, Any], evaluation: bool = False) -> tuple[int | None, int | None]:
+    """RLlib's own count of env steps its env runners sampled, from a train result: (lifetime, this iteration).
+
+    New API stack: ``env_runners/num_env_steps_sampled_lifetime`` and ``env_runners/num_env_steps_sampled``
+    (``evaluation/env_runners/...`` for the evaluation runners); old API stack: ``num_env_steps_sampled`` and
+    ``num_env_steps_sampled_this_iter``. Ray 2.50.0 to 2.52.x over-count the lifetime count of a new Algorithm's
+    first iteration when it samples in several rounds: ``Stats`` merges each round's running total whole
+    (``_prev_merge_values`` starts empty; 2.53 rewrote ``Stats``). With PPO, 2 env runners and
+    ``rollout_fragment_length=64``, 2.50.1 counts 384 where its env runners (and the env's own log) took 256;
+    every later iteration adds the right count. ``service.metrics.RllibSampled`` takes the difference out.
+    """
+    tree = result.get("evaluation") if evaluation else result
+    runners = tree.get("env_runners") if isinstance(tree, dict) else None
+    if isinstance(runners, dict) and "num_env_steps_sampled_lifetime" in runners:
+        return _count(runners.get("num_env_steps_sampled_lifetime")), _count(runners.get("num_env_steps_sampled"))
+    if evaluation or not isinstance(tree, dict):
+        return None, None
+    return _count(tree.get("num_env_steps_sampled")), _count(tree.get("num_env_steps_sampled_this_iter"))
+
+
+def _count(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):  # missing, or NaN before the first sample
+        return None
+
+
+def read_task(read: Callable[[], Any], *, num_rows: int | None, size_bytes: int, input_files: list[str],
+              per_task_row_limit: int | None) -> Any:
+    """A Ray Data ``ReadTask`` with its ``BlockMetadata`` (public API; its signature moved).
+
+    Ray 2.50 added ``ReadTask(per_task_row_limit=)`` and made ``BlockMetadata``'s ``schema`` optional; before,
+    ``schema`` is a required field and ``ReadTask`` takes only the function and the metadata.
+    """
+    import inspect
+
+    from ray.data.block import BlockMetadata
+    from ray.data.datasource import ReadTask
+
+    fields = {"num_rows": num_rows, "size_bytes": size_bytes, "input_files": input_files, "exec_stats": None}
+    if "per_task_row_limit" in inspect.signature(ReadTask.__init__).parameters:
+        return ReadTask(read, BlockMetadata(**fields), per_task_row_limit=per_task_row_limit)
+    return ReadTask(read, BlockMetadata(**fields, schema=None))
+
+
+# Ray before 2.46: per new-stack episode id, what on_episode_start keeps for on_sample_end (episode_custom_data)
+_CUSTOM_DATA: "collections.OrderedDict[str, dict[str, Any]]" = collections.OrderedDict()
+CUSTOM_DATA_EPISODES = 4096
+
+
+def episode_custom_data(episode: Any) -> dict[str, Any]:
+    """``episode.custom_data``: a dict that goes with a single-agent new-stack episode from ``on_episode_start``
+    to ``on_sample_end`` in its env runner (public API since Ray 2.46).
+
+    Before 2.46 ``SingleAgentEpisode`` has ``__slots__`` and no such dict: one per episode id is kept here, for
+    the newest ``CUSTOM_DATA_EPISODES`` episodes (older ones: episodes RLlib dropped unreturned). ``{}`` (not
+    kept) for an object without an id.
+    """
+    data = getattr(episode, "custom_data", None)
+    if data is not None:
+        return data
+    key = getattr(episode, "id_", None)
+    if key is None:
+        return {}
+    data = _CUSTOM_DATA.get(key)
+    if data is None:
+        data = _CUSTOM_DATA[key] = {}
+        if len(_CUSTOM_DATA) > CUSTOM_DATA_EPISODES:
+            _CUSTOM_DATA.popitem(last=False)
+    return data
+
+
+def forget_custom_data(episode: Any, key: str) -> None:
+    """Drops ``key`` from the episode's ``episode_custom_data`` (before Ray 2.46: the episode's whole entry)."""
+    data = getattr(episode, "custom_data", None)
+    if data is not None:
+        data.pop(key, None)
+    else:
+        _CUSTOM_DATA.pop(getattr(episode, "id_", None), None)
 
 
 def wrap_method(owner: Any, name: str, wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
@@ -141,10 +267,12 @@ def after_learner_update(learner: Any, after: Callable[[], None]) -> Callable[..
 
 
 def before_learner_group_update(learner_group: Any, before: Callable[[dict[str, Any]], None]) -> None:
-    """Calls ``before(kwargs)`` with the keyword arguments of every ``learner_group.update(...)`` call.
+    """Calls ``before(kwargs)`` with the keyword arguments of every update the algorithm asks of ``learner_group``.
 
-    Wraps the instance's ``LearnerGroup.update``, which every algorithm's ``training_step`` calls with keywords.
-    Remote learners can't be wrapped: Ray calls their ``update`` by name on the class. Public: none.
+    Wraps the instance's ``LearnerGroup.update``, which every algorithm's ``training_step`` calls with keywords
+    since Ray 2.46; before, the algorithms call ``update_from_batch(batch=...)`` and
+    ``update_from_episodes(episodes=...)`` (2.46 kept them as shims that call ``update``). Remote learners can't
+    be wrapped: Ray calls their ``update`` by name on the class. Public: none.
     """
     def wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
         def update(*args: Any, **kwargs: Any) -> Any:
@@ -152,7 +280,20 @@ def before_learner_group_update(learner_group: Any, before: Callable[[dict[str, 
             return original(*args, **kwargs)
         return update
 
-    wrap_method(learner_group, "update", wrapper)
+    for name in _learner_group_update_names():
+        wrap_method(learner_group, name, wrapper)
+
+
+def _learner_group_update_names() -> tuple[str, ...]:
+    return ("update",) if ray_release() >= (2, 46) else ("update_from_batch", "update_from_episodes")
+
+
+def ray_release() -> tuple[int, int]:
+    """(major, minor) of the installed Ray: the releases named above are told apart by it."""
+    import ray
+
+    major, minor = (ray.__version__.split(".") + ["0"])[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
 @contextlib.contextmanager
@@ -195,6 +336,30 @@ def close_ray_data_iterators() -> int:
     return closed
 
 
+def ray_job_dead(gcs_address: str, job_id: str, timeout_s: float = 2.0) -> bool | None:
+    """Whether Ray job ``job_id`` (hex) of the cluster whose GCS is at ``gcs_address`` has ended; None when that
+    GCS does not answer within about ``timeout_s`` or does not know the job.
+
+    Stands in for ``ray.util.state.list_jobs`` and ``JobSubmissionClient``, which need the dashboard (a driver
+    started with ``include_dashboard=False`` has none), through ``ray._raylet.GcsClient``. Its constructor waits
+    40 s for a GCS that is not there, so the port is tried first.
+    """
+    import socket
+
+    host, _, port = gcs_address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        from ray._raylet import GcsClient
+
+        jobs = GcsClient(address=gcs_address).get_all_job_info(
+            job_or_submission_id=job_id, skip_submission_job_info_field=True, skip_is_running_tasks_field=True,
+            timeout=timeout_s)
+    except Exception:  # noqa: BLE001 - unreachable, refused, or not a GCS: nothing is known
+        return None
+    states = [bool(info.is_dead) for key, info in jobs.items() if key.hex() == job_id]
+    return states[0] if states else None
+
+
 def problems() -> list[str]:
     """What the installed Ray lacks of the above, each in one line naming the access and where to fix it."""
     import ray
@@ -207,7 +372,7 @@ def problems() -> list[str]:
 
     def need(ok: bool, what: str) -> None:
         if not ok:
-            found.append(f"ray {ray.__version__} (the recorder was written against {RAY_VERSION}): {what}; "
+            found.append(f"ray {ray.__version__} (tested: {OLDEST_TESTED} to {NEWEST_TESTED}): {what}; "
                          "update rllib_recorder/_rllib_compat.py")
 
     import inspect
@@ -217,11 +382,13 @@ def problems() -> list[str]:
     need("self._weights_seq_no" in inspect.getsource(Learner), "Learner has no _weights_seq_no (learner_weights_seq_no)")
     need(callable(getattr(Learner, "after_gradient_based_update", None)),
          "Learner has no after_gradient_based_update (after_learner_update)")
-    need("self.after_gradient_based_update(" in inspect.getsource(Learner.update),
-         "Learner.update no longer calls self.after_gradient_based_update (after_learner_update)")
+    updating = Learner.update if ray_release() >= (2, 46) else Learner._update_from_batch_or_episodes
+    need("self.after_gradient_based_update(" in inspect.getsource(updating),
+         f"Learner.{updating.__name__} no longer calls self.after_gradient_based_update (after_learner_update)")
     need("self._ts_dropped" in inspect.getsource(LearnerGroup),
          "LearnerGroup has no _ts_dropped (learner_group_dropped_steps)")
-    need(callable(getattr(LearnerGroup, "update", None)), "LearnerGroup has no update (before_learner_group_update)")
+    need(all(callable(getattr(LearnerGroup, name, None)) for name in _learner_group_update_names()),
+         f"LearnerGroup has no {' or '.join(_learner_group_update_names())} (before_learner_group_update)")
     try:
         from ray.tune.registry import _global_registry
         need(all(callable(getattr(_global_registry, m, None)) for m in ("contains", "get")),
@@ -245,4 +412,11 @@ def problems() -> list[str]:
     need(callable(getattr(Algorithm, "cleanup", None)) and "self.cleanup()" in inspect.getsource(
         __import__("ray.tune.trainable.trainable", fromlist=["x"]).Trainable.stop),
         "Trainable.stop() no longer calls self.cleanup() (on_algorithm_cleanup)")
+    try:
+        from ray._raylet import GcsClient, InnerGcsClient  # the first hands every call on to the second
+
+        need(callable(GcsClient) and callable(getattr(InnerGcsClient, "get_all_job_info", None)),
+             "GcsClient has no get_all_job_info (ray_job_dead)")
+    except ImportError:
+        need(False, "ray._raylet has no GcsClient (ray_job_dead)")
     return found

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ray.rllib.callbacks.callbacks import RLlibCallback
-
+from rllib_recorder._rllib_compat import callback_base, unsupported_ray, warn_untested_ray
 from rllib_recorder.config import RecorderConfig
+from rllib_recorder.errors import RecorderError
 from rllib_recorder.record.runner import StartStates, recorder_for
 from rllib_recorder.service.run import AlgorithmRecorder
 
@@ -22,12 +22,20 @@ def _keeps_start_state(episode: Any) -> bool:
     keeps = _KEEPS_START_STATE.get(type(episode))
     if keeps is None:
         keeps = _KEEPS_START_STATE[type(episode)] = (
-            not hasattr(episode, "agent_episodes") and hasattr(episode, "custom_data")
+            not hasattr(episode, "agent_episodes") and hasattr(episode, "id_")  # _rllib_compat.episode_custom_data
         )
     return keeps
 
 
-class RecorderCallback(RLlibCallback):
+def check_ray() -> None:
+    """Raises one line where the installed Ray can't record; warns once where it is newer than the tested range."""
+    problem = unsupported_ray()
+    if problem:
+        raise RecorderError(problem)
+    warn_untested_ray()
+
+
+class RecorderCallback(callback_base()):
     """Records every sample of every env runner into one HDF5 file per runner.
 
     Add it to any ``AlgorithmConfig``::
@@ -76,6 +84,7 @@ class RecorderCallback(RLlibCallback):
     @classmethod
     def configured(cls, config: RecorderConfig | None = None, **settings: Any) -> type["RecorderCallback"]:
         """A RecorderCallback class bound to these settings (validated now, output dir checked now)."""
+        check_ray()
         config = config.replace(**settings) if config is not None else RecorderConfig(**settings)
         config.check_output_dir()
         return type(cls.__name__, (cls,), {"recorder_config": config, "__module__": cls.__module__})
@@ -86,6 +95,7 @@ class RecorderCallback(RLlibCallback):
         return self._run
 
     def on_algorithm_init(self, *, algorithm: Any, **kwargs: Any) -> None:
+        check_ray()
         self._run = AlgorithmRecorder(algorithm, self.recorder_config)
 
     def on_episode_start(self, *, episode: Any, env_runner: Any = None, env: Any = None, env_index: int = 0,

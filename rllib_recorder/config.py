@@ -78,8 +78,9 @@ class RecorderConfig:
         frame_delta: Store image columns of uint8 codes (Atari frames) as each row XOR the
             row before it, but for the first row of every fragment and every 128th row of one
             (schema 3.0): lossless, about half the bytes on disk, decoded by the reader (plain
-            h5py: a few lines of numpy, docs/FORMAT.md). Done by the writer, not the env
-            runner. ``False`` stores the frames as they are.
+            h5py: a few lines of numpy, docs/FORMAT.md), and start states of more than 1 KiB
+            as the XOR of an earlier one alike. Done by the writer, not the env runner.
+            ``False`` stores the frames and the start states as they are.
         record_infos: Store env infos (JSON); ``False`` drops them.
         record_extra_model_outputs: Store action log-probs, distribution inputs,
             value predictions and other extra model outputs.

@@ -13,6 +13,14 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def sound_records(tmp_path_factory):
+    """The records of files known sound (format/sound_files.py) go to the session's own directory, not the user's
+    cache; set before Ray starts, so that writer actors and child processes use it too."""
+    os.environ["RLLIB_RECORDER_SOUND_DIR"] = str(tmp_path_factory.mktemp("sound-records"))
+    return os.environ["RLLIB_RECORDER_SOUND_DIR"]
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     import ray
@@ -67,3 +75,38 @@ def recorded_breakout(ray_session, tmp_path_factory):
     run_dir = algo.train()["recorder"]["run_dir"]
     algo.stop()
     return run_dir
+
+
+@pytest.fixture(scope="session")
+def turn_based_recorder(ray_session, tmp_path_factory):
+    """Records PPO on tests.envs.TurnBasedEnv with the given turn agents (and 'c', who joins late and leaves early),
+    fragments of 7 env steps, two iterations; returns the run directory."""
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.tune.registry import register_env
+
+    from rllib_recorder import RecorderCallback
+    from tests.envs import TurnBasedEnv
+
+    register_env("turn_based", lambda cfg: TurnBasedEnv(cfg))
+
+    def record(turns: tuple[str, ...]) -> str:
+        config = (
+            PPOConfig().environment("turn_based", env_config={"turns": turns}, disable_env_checking=True)
+            .env_runners(num_env_runners=1, rollout_fragment_length=7)
+            .multi_agent(policies={"pab", "pc"}, policy_mapping_fn=lambda aid, *a, **k: "pc" if aid == "c" else "pab")
+            .training(train_batch_size=60, minibatch_size=30, num_epochs=1)
+            .callbacks(RecorderCallback.configured(output_dir=str(tmp_path_factory.mktemp("ma") / "rec")))
+        )
+        algo = config.build_algo()
+        results = [algo.train() for _ in range(2)]
+        algo.stop()
+        return results[-1]["recorder"]["run_dir"]
+
+    return record
+
+
+@pytest.fixture(scope="session")
+def recorded_turn_based(turn_based_recorder):
+    """One real recorded multi-agent run (three turn agents and 'c'), shared by the multi-agent tests and
+    FORMAT.md's."""
+    return turn_based_recorder(("a", "b", "d"))

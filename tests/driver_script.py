@@ -15,6 +15,10 @@ if __name__ == "__main__":
     register_env("counting", lambda cfg: CountingEnv(cfg))
     config = ppo(runners=1).callbacks(RecorderCallback.configured(output_dir=sys.argv[1], coalesce_rows=0))
     algo = config.build_algo()
+    sampled = 0
     while True:  # until killed
-        recorder = algo.train()["recorder"]
-        print(json.dumps({"run_dir": recorder["run_dir"], "stored": recorder["env_steps_stored"]}), flush=True)
+        result = algo.train()
+        recorder = result["recorder"]
+        sampled += int(result["env_runners"]["num_env_steps_sampled"])  # RLlib's own count, iteration by iteration
+        print(json.dumps({"run_dir": recorder["run_dir"], "stored": recorder["env_steps_stored"],
+                          "rllib_sampled": sampled}), flush=True)

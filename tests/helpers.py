@@ -111,3 +111,60 @@ def plain_rows(dataset, frags=None) -> "np.ndarray":
                 b = min(a + every, int(first + n))
                 np.bitwise_xor.accumulate(rows[a:b], axis=0, out=rows[a:b])
     return rows
+
+
+def with_callbacks(config, classes: list):
+    """``config.callbacks(classes)``: as a list where RLlib takes one (the new API stack, Ray 2.44 and later), else
+    composed by ``make_multi_callbacks`` (the old API stack; every stack before Ray 2.44)."""
+    from ray.rllib.algorithms.callbacks import make_multi_callbacks
+
+    from rllib_recorder._rllib_compat import ray_release
+
+    if config.enable_env_runner_and_connector_v2 and ray_release() >= (2, 44):
+        return config.callbacks(list(classes))
+    return config.callbacks(make_multi_callbacks(list(classes)))
+
+
+def rllib_sampled(results: list[dict], key: str = "num_env_steps_sampled", before: int = 0) -> int | dict:
+    """RLlib's own count of what the training env runners sampled over ``results``, every train result of one
+    Algorithm in order (``before``: its lifetime count when it began, a restored checkpoint's). ``key``:
+    "num_env_steps_sampled", or "num_agent_steps_sampled" for a dict per agent (new API stack).
+
+    The iterations' own counts summed; where RLlib's lifetime count is right it must say the same, which is
+    checked here. Ray 2.50-2.52 over-count a new Algorithm's first iteration in the lifetime count (see
+    ``rllib_recorder._rllib_compat.env_steps_sampled``); there the iterations' counts are RLlib's truth.
+    """
+    from rllib_recorder._rllib_compat import ray_release
+
+    new_stack = "num_env_steps_sampled_lifetime" in (results[-1].get("env_runners") or {})
+    if new_stack:
+        per_iteration = [r["env_runners"].get(key, 0) for r in results]
+        lifetime = results[-1]["env_runners"][f"{key}_lifetime"]
+    else:  # the old API stack: lifetime at the top level, per iteration '..._this_iter' (env steps only)
+        lifetime = results[-1][key]
+        per_iteration = [r.get(f"{key}_this_iter", lifetime if r is results[-1] else 0) for r in results]
+    if isinstance(lifetime, dict):
+        total = {a: int(sum(_number(p.get(a)) for p in per_iteration)) for a in lifetime}
+        shifted = {a: int(n) - before for a, n in lifetime.items()}
+    else:
+        total, shifted = int(sum(_number(p) for p in per_iteration)), int(_number(lifetime)) - before
+    if not (new_stack and (2, 50) <= ray_release() < (2, 53)):
+        assert total == shifted, f"RLlib's iterations sampled {total}, its lifetime count says {shifted}"
+    return total
+
+
+def trial_results(result) -> list[dict]:
+    """Every train result of a Tune trial (its ``metrics_dataframe``, one row per iteration) as the nested dicts
+    ``rllib_sampled`` takes: RLlib's own sampled counts only."""
+    frame = result.metrics_dataframe
+    rows = []
+    for _, row in frame.iterrows():
+        runners = {key.split("/", 1)[1]: row[key] for key in frame.columns
+                   if key.startswith("env_runners/num_env_steps_sampled")}
+        rows.append({"env_runners": runners, "training_iteration": row["training_iteration"]})
+    return rows
+
+
+def _number(value) -> float:
+    """A count from a result: 0 where RLlib reported none yet (missing, or NaN before the first sample)."""
+    return 0.0 if value is None or value != value else float(value)

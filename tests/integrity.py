@@ -9,15 +9,23 @@ from tests.envs import decode, episode_length
 
 
 def check_run(run_dir: str, kind: str = "vector", multi_agent: bool = False,
-              statuses: tuple[str, ...] = ("finished",), allow_gaps: bool = False) -> dict:
-    """Checks every stored episode of a run made with CountingEnv / TwoAgentCountingEnv.
+              statuses: tuple[str, ...] = ("finished",), *, sampled: int | tuple[int, int] | None,
+              evaluation_sampled: int | None = None, not_stored: int = 0, allow_gaps: bool = False) -> dict:
+    """Checks every stored episode of a run made with CountingEnv / TwoAgentCountingEnv against the env's code,
+    and the stored count against someone else's: RLlib's, or the env's own log.
 
-    Nothing lost (episode numbers per runner and agent are contiguous, every finished
-    episode has its full length), nothing duplicated, nothing reordered (t counts up
-    from 0 across fragments), rewards exact. ``allow_gaps``: episodes may be missing between stored ones (a test
-    whose faults make the recorder count lost samples). Returns counts for further checks.
+    ``sampled``: the env steps the training env runners sampled, by RLlib's count (``num_env_steps_sampled_lifetime``
+    of the trial or attempt, or the per-iteration counts summed) or the env's log: the stored env steps, counted
+    here from the rows (for multi-agent: every env step at which some agent's row was stored), plus ``not_stored``
+    (the loss a test made and expects named) must equal it; a (low, high) pair where a fault lets the recorder keep
+    more than RLlib counted (a runner killed after its sample() ended, before RLlib got it back). None only where a
+    test makes no completeness claim. ``evaluation_sampled``: the same for the evaluation runners' files.
+    Also: nothing duplicated, nothing reordered (t counts up from 0 across fragments), rewards exact, every finished
+    episode whole, episode numbers per sender contiguous. ``allow_gaps``: episodes may be missing between stored
+    ones (a test whose faults make the recorder count lost samples). Returns counts for further checks.
     """
-    steps, returns, streams, senders_seen = 0, {}, {}, {}
+    steps, returns, streams, senders_seen, by_agent = 0, {}, {}, {}, {}
+    env_steps: dict[bool, set | int] = {False: set() if multi_agent else 0, True: set() if multi_agent else 0}
     with open_run(run_dir) as run:
         assert run.manifest["status"] in statuses, run.manifest["status"]
         for f in run.files:
@@ -27,15 +35,24 @@ def check_run(run_dir: str, kind: str = "vector", multi_agent: bool = False,
                 sender_of = {e: senders[b] for e, b in zip(frags["eps_id"].tolist()[::-1], frags["batch"][::-1])}
                 numbers: dict[bytes, list[int]] = {}
                 ids = f.episode_ids(agent)
-                sampled = set(ids[:: max(1, len(ids) // 16)])  # also read by id, through the episode index
+                sampled_ids = set(ids[:: max(1, len(ids) // 16)])  # also read by id, through the episode index
                 seen = []
                 for episode in f.iter_episodes(agent):  # streamed: a run of 40k episodes reads in seconds
                     eps_id = episode.eps_id
                     seen.append(eps_id)
-                    numbers.setdefault(sender_of[eps_id.encode()], []).append(_check_episode(episode, kind, multi_agent, allow_gaps))
+                    sender = sender_of[eps_id.encode()]
+                    number = _check_episode(episode, kind, multi_agent, allow_gaps)
+                    numbers.setdefault(sender, []).append(number)
                     returns[eps_id, agent] = episode.episode_return
                     steps += len(episode)
-                    if eps_id in sampled:
+                    if not f.is_evaluation:
+                        by_agent[agent] = by_agent.get(agent, 0) + len(episode)
+                    if multi_agent:  # an env step counts once, whichever agents acted at it
+                        env_steps[f.is_evaluation].update((f.worker_index, sender, number, int(t))
+                                                          for t in decode(episode.obs, kind)[:len(episode), 2])
+                    else:
+                        env_steps[f.is_evaluation] += len(episode)
+                    if eps_id in sampled_ids:
                         by_id = f.episode(eps_id, agent)
                         for name in ("obs", "actions", "rewards", "t", "terminateds", "truncateds"):
                             np.testing.assert_array_equal(getattr(by_id, name), getattr(episode, name))
@@ -46,7 +63,16 @@ def check_run(run_dir: str, kind: str = "vector", multi_agent: bool = False,
                         f"lost episodes in {f.path}:{agent}: {sorted(found)}")
                 streams[f.worker_index, f.is_evaluation, agent] = [n for found in numbers.values() for n in found]
                 senders_seen[f.worker_index, f.is_evaluation] = len(numbers)
-    return {"agent_steps": steps, "returns": returns, "streams": streams, "senders": senders_seen}
+    counted = {e: len(v) if isinstance(v, set) else v for e, v in env_steps.items()}
+    for evaluation, truth in ((False, sampled), (True, evaluation_sampled)):
+        if truth is None:
+            continue
+        low, high = truth if isinstance(truth, tuple) else (truth, truth)
+        what = "evaluation" if evaluation else "training"
+        assert low <= counted[evaluation] + (0 if evaluation else not_stored) <= high, (
+            f"{what} env steps stored {counted[evaluation]} (+{not_stored} expected lost), sampled {truth}")
+    return {"agent_steps": steps, "agent_steps_by_agent": by_agent, "env_steps": counted[False], "evaluation_env_steps": counted[True],
+            "returns": returns, "streams": streams, "senders": senders_seen}
 
 
 def _check_episode(episode, kind: str, multi_agent: bool, allow_gaps: bool = False) -> int:

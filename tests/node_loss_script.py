@@ -50,9 +50,20 @@ def _live_batches(path: str) -> int:
         return 0
 
 
+def _live_steps(path: str) -> int:
+    """Env steps the live (staged, unsealed) file commits now."""
+    import h5py
+
+    with h5py.File(path, "r", locking=False) as h5:
+        return int(json.loads(h5.attrs["commit"])["agents"]["default_agent"][0])
+
+
 def main(uri: str, staging: str) -> dict:
     register_env("counting", lambda cfg: CountingEnv(cfg))
-    config = (ppo(runners=2).env_runners(custom_resources_per_env_runner={"rec_runner": 1})
+    step_log = os.path.join(staging, "..", "step-log")  # the envs' own log of their steps (on this one machine)
+    os.makedirs(step_log)
+    config = (ppo(runners=2).environment("counting", env_config={"obs_kind": "vector", "step_log": step_log})
+              .env_runners(custom_resources_per_env_runner={"rec_runner": 1})
               .fault_tolerance(restart_failed_env_runners=True)
               .callbacks(RecorderCallback.configured(output_dir=uri, staging_dir=staging, run_name="lossy",
                                                      segment_s=1.0, coalesce_s=0.2)))
@@ -78,6 +89,7 @@ def main(uri: str, staging: str) -> dict:
     while len(results) < 40 and (len(results) < 4 or target.size(f"{stem}.h5") is None or not tail()):
         results.append(algo.train())
     sealed_before = json.loads(_index_segments(target, stem))
+    tail_steps = _live_steps(os.path.join(run_dir, f"{stem}.h5"))  # rows committed since its last seal
     cluster.remove_node(lost)
     # its disk goes with it: the live file, its sealed segments not yet uploaded, the spool
     deleted = [p for p in (os.path.join(run_dir, f"{stem}.h5"), os.path.join(run_dir, ".segments", stem),
@@ -92,6 +104,7 @@ def main(uri: str, staging: str) -> dict:
     algo.stop()
     return {"uri": store.uri_join(uri, "lossy"), "lost_node": first[1], "lost_stem": stem,
             "sealed_before_loss": sealed_before, "deleted": [os.path.relpath(p, run_dir) for p in deleted],
+            "tail_steps": tail_steps, "step_log": os.path.abspath(step_log),
             "sampled": results[-1]["env_runners"]["num_env_steps_sampled_lifetime"],
             "restarts": results[-1]["fault_tolerance"]["num_remote_worker_restarts"]}
 

@@ -23,6 +23,7 @@ from rllib_recorder.commands.verify import verify_report
 from rllib_recorder.format.manifest import read_manifest
 from rllib_recorder.read.run import open_run
 from rllib_recorder.service.pool import writer_name
+from tests.helpers import rllib_sampled as rllib_sampled_of
 from tests.integrity import check_run
 from tests.test_recording import ppo
 
@@ -83,7 +84,8 @@ def _writer_pids(run_dir: str) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.compat) if c == "new stack" else c
+                                  for c in sorted(CASES)])
 def test_env_runners_and_writers_killed_at_random_moments_with_rllib_defaults_lose_nothing(ray_session, tmp_path,
                                                                                           case):
     multi_agent = CASES[case].get("multi_agent", False)
@@ -121,9 +123,11 @@ def test_env_runners_and_writers_killed_at_random_moments_with_rllib_defaults_lo
     finally:
         algo.stop()
 
-    rllib_sampled = int(results[-1]["env_runners"].get("num_env_steps_sampled_lifetime")
-                        or results[-1]["num_env_steps_sampled"])  # the old stack's lifetime count
-    counts = check_run(run_dir, multi_agent=multi_agent)  # every row against the env's code: no gap, no duplicate
+    rllib_sampled = rllib_sampled_of(results)  # RLlib's own count, on either stack
+    # every row against the env's code (no gap, no duplicate), every step RLlib counted, and at most the sample a
+    # runner killed inside sample() returned to its callback (40 steps) before RLlib could get it back
+    during = sum(1 for fault in faults if fault == "during")
+    counts = check_run(run_dir, multi_agent=multi_agent, sampled=(rllib_sampled, rllib_sampled + 40 * during))
     report = verify_report(run_dir)
     assert report["problems"] == [] and report["notes"] == [], report
     with open_run(run_dir) as run:
@@ -155,6 +159,7 @@ class _RunnerTwoNotRecorded(RecorderCallback):
             super().on_sample_end(env_runner=env_runner, **kwargs)
 
 
+@pytest.mark.compat
 @pytest.mark.slow
 def test_a_runner_whose_recorder_never_ran_is_an_unexplained_gap_verify_exits_1(ray_session, tmp_path):
     """The gap is made for real: runner 2 samples, RLlib trains on it, its recorder never sees it. Only RLlib's own
@@ -170,7 +175,7 @@ def test_a_runner_whose_recorder_never_ran_is_an_unexplained_gap_verify_exits_1(
     results = [algo.train() for _ in range(2)]
     algo.stop()
     run_dir = results[-1]["recorder"]["run_dir"]
-    rllib_sampled = int(results[-1]["env_runners"]["num_env_steps_sampled_lifetime"])
+    rllib_sampled = rllib_sampled_of(results)
     with open_run(run_dir) as run:
         stored = run.num_env_steps
     assert 0 < stored < rllib_sampled

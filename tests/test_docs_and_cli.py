@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import h5py
-import numpy as np
 from click.testing import CliRunner
 
 from rllib_recorder.cli import main
@@ -27,36 +26,6 @@ def test_format_doc_names_every_field():
             assert f"`{name}`" in doc, name
 
 
-def test_format_doc_example_reads_a_real_episode(tmp_path, recorded_cartpole):
-    doc = open(os.path.join(ROOT, "docs", "FORMAT.md")).read()
-    code = re.search(r"## Reading one episode with plain h5py\n```python\n(.*?)```", doc, re.S).group(1)
-    code = code.replace("recordings/<run>", recorded_cartpole)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split()[1].isdigit()
-
-
-def test_format_doc_frame_stack_example_rebuilds_what_the_reader_gives_of_a_real_breakout_run(recorded_breakout):
-    from rllib_recorder.read.worker_file import WorkerFile
-
-    doc = open(os.path.join(ROOT, "docs", "FORMAT.md")).read()
-    code = re.search(r"### Frame stacks.*?```python\n(.*?)```", doc, re.S).group(1)
-    path = os.path.join(recorded_breakout, "worker-001.h5")
-    reader = WorkerFile(path)
-    try:
-        with h5py.File(path, "r") as f:
-            frags, steps = f["agents/default_agent/fragments"], f["agents/default_agent/steps"]
-            assert steps["obs"].shape[1:] == (84, 84, 1) and steps["obs"].attrs["frame_stack"] == 4
-            for i in range(len(frags["num_rows"])):
-                scope = {"np": np, "frags": frags, "steps": steps, "i": i}
-                exec(code, scope)
-                first, n = int(frags["first_row"][i]), int(frags["num_rows"][i])
-                want = reader.column("default_agent", "obs", slice(first, first + n))
-                assert want.shape == (n, 84, 84, 4)
-                assert np.array_equal(scope["obs"].astype(np.float32) / 128 - 1, want)
-    finally:
-        reader.close()
-
-
 def test_info_and_verify_on_a_real_run(recorded_cartpole):
     runner = CliRunner()
     result = runner.invoke(main, ["info", recorded_cartpole, "--json"])
@@ -65,6 +34,20 @@ def test_info_and_verify_on_a_real_run(recorded_cartpole):
     assert summary["status"] == "finished" and summary["env_steps"] > 0 and summary["files"] == 1
     result = runner.invoke(main, ["verify", recorded_cartpole])
     assert result.exit_code == 0 and "is sound" in result.output
+
+
+def test_info_writes_the_compression_ratio_without_an_exponent(recorded_breakout):
+    from rllib_recorder.commands.report import compression_text
+
+    assert compression_text(58.2e6 / 258.3, 58.2e6) == "260x smaller than the raw 58.2 MB"
+    assert compression_text(1e6, 1.23e6).startswith("1.2x smaller")
+    assert compression_text(1e6, 12.4e6).startswith("12x smaller")
+    assert compression_text(1e6, 99.7e6).startswith("100x smaller")
+    assert compression_text(1e6, 3149e6).startswith("3100x smaller")
+    result = CliRunner().invoke(main, ["info", recorded_breakout])  # Atari frames: over 100x
+    assert result.exit_code == 0, result.output
+    ratio = re.search(r", (\S+)x smaller than the raw ", result.output).group(1)
+    assert re.fullmatch(r"[1-9]\d+", ratio) and int(ratio) >= 100, result.output  # "140x", not "1.4e+02x"
 
 
 def test_verify_reports_a_gap_in_sequence_numbers(tmp_path, recorded_cartpole):

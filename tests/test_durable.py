@@ -16,6 +16,8 @@ import pytest
 
 from rllib_recorder import RecorderCallback, open_run
 from rllib_recorder.format import segments
+from tests.envs import logged_steps
+from tests.helpers import trial_results
 from tests.integrity import check_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,7 +74,7 @@ def test_a_run_recorded_to_s3_reads_back_from_the_store_whole(s3_run, s3):
         # an episode cut by a seal reads back as one
         frags = f.fragments("default_agent")
         assert len(set(frags["eps_id"].tolist())) < len(frags["eps_id"])
-    facts = check_run(uri)  # every episode contiguous, exact and complete (CountingEnv)
+    facts = check_run(uri, sampled=s3_run["sampled"])  # every episode exact and complete, every step RLlib counted
     assert facts["agent_steps"] == s3_run["sampled"]
     # what reached the target left the node: staging keeps no segment, only its small records
     assert not glob.glob(os.path.join(s3_run["staging"], "**", "[0-9]*.h5"), recursive=True)
@@ -185,7 +187,7 @@ def test_the_store_down_for_a_while_loses_nothing_and_is_reported(ray_session, s
         assert run.manifest["recorder"]["storage_filesystem"] == "S3FileSystem"  # by type: no credentials
         assert run.num_env_steps == _sampled(last)
         assert run.manifest["totals"]["upload_backlog_bytes"] == 0
-    check_run(str(tmp_path / "cache"))
+    check_run(str(tmp_path / "cache"), sampled=_sampled(last))
 
 
 def test_past_the_upload_backlog_the_configured_backpressure_applies_and_verify_names_it(ray_session, s3, tmp_path):
@@ -246,7 +248,7 @@ def test_past_the_upload_backlog_the_configured_backpressure_applies_and_verify_
     dropped = sum(int(n.split(": ")[1].split(" of ")[0]) for n in report["notes"] if "back-pressure" in n)
     assert stored + dropped == _sampled(last)  # every sampled step is stored or counted as dropped
     assert stored > recorder["env_steps_stored"]  # recording resumed once the backlog went up
-    check_run(cache, kind="image", allow_gaps=True)
+    check_run(cache, kind="image", allow_gaps=True, sampled=_sampled(last), not_stored=dropped)
 
 
 def test_a_target_the_recorder_cannot_write_is_one_line_before_training(ray_session, s3, tmp_path):
@@ -318,10 +320,16 @@ def test_a_node_removed_mid_run_loses_at_most_its_unsealed_tail_and_verify_names
     named = [n for n in report["notes"] if "lost with its node" in n]
     assert len(named) == 1 and named[0].startswith(facts["lost_stem"] + "/"), report["notes"]
     lost_steps = int(named[0].split(": ")[1].split(" of ")[0])
-    assert 0 < lost_steps
-    # the loss is the lost runner's unsealed tail only: every other runner's steps are all stored, exactly
-    facts_run = check_run(facts["uri"], allow_gaps=True)
-    assert facts_run["agent_steps"] > 0
+    # the bound: at most what the lost node held since its last seal
+    assert 0 < lost_steps <= facts["tail_steps"], (lost_steps, facts["tail_steps"])
+    # the env's own log, per runner: runner 2 stored exactly; runner 1 (both incarnations) stored all but what
+    # was lost with its node; and all of it RLlib's count
+    logged = logged_steps(facts["step_log"])
+    by_worker = {w: sum(n for (w2, _), n in logged.items() if w2 == w) for w in (1, 2)}
+    with open_run(facts["uri"], cache_dir=str(tmp_path / "cache")) as run:
+        stored = {w: sum(f.num_rows("default_agent") for f in run.files if f.worker_index == w) for w in (1, 2)}
+    assert stored[2] == by_worker[2] and stored[1] + lost_steps == by_worker[1], (stored, by_worker, lost_steps)
+    check_run(facts["uri"], allow_gaps=True, sampled=facts["sampled"], not_stored=lost_steps)
 
 
 def test_a_sigkilled_driver_recording_to_s3_is_published_by_recover(s3, tmp_path, monkeypatch):
@@ -362,7 +370,8 @@ def test_a_sigkilled_driver_recording_to_s3_is_published_by_recover(s3, tmp_path
     with open_run(uri, cache_dir=str(tmp_path / "cache")) as run:
         assert run.manifest["status"] == "recovered"
         assert run.num_env_steps >= progress[-1]["sampled"]
-    check_run(uri, statuses=("recovered",))
+    rllib = progress[-1]["sampled"]  # and at most the train() the kill interrupted (400 steps)
+    check_run(uri, statuses=("recovered",), sampled=(rllib, rllib + 400))
     assert not glob.glob(os.path.join(staged, ".segments", "*", "[0-9]*.h5"))  # all of it left the node
 
 
@@ -396,8 +405,8 @@ def test_a_writer_sigkilled_at_random_moments_while_it_seals_and_uploads_loses_a
     algo.stop()
     assert len(set(pids)) == 3  # three incarnations were killed
     run_dir = str(tmp_path / "shared" / "killed-writer")
-    counts = check_run(run_dir)  # every row, value by value: no gap, no duplicate, across segments
     sampled = _sampled(results[-1])
+    counts = check_run(run_dir, sampled=sampled)  # every row, value by value: no gap, no duplicate, across segments
     with open_run(run_dir) as run:
         assert run.num_env_steps == sampled == counts["agent_steps"]
         assert sum(len(segments.segment_list(f.h5)) for f in run.files) >= 4
@@ -447,7 +456,11 @@ def test_a_tune_trial_retried_on_another_node_records_on_into_its_run_at_the_tar
         assert len(set(f.batches()["sender_id"].tolist())) == 2  # both attempts' rows, in one stream
         # the retry began again (no checkpoint): RLlib's count is its own; the first attempt's sealed steps add to it
         assert run.num_env_steps > result.metrics["env_runners"]["num_env_steps_sampled_lifetime"] > 0
-    check_run(run_dir)
+        lost = sum(sum(a.lost.values()) for a in accounts(run.manifest, run.files))  # its tail, named
+    # RLlib's count of both attempts: every iteration Tune logged for either, and at most the iteration whose
+    # env raised (80 steps), whose samples RLlib never counted
+    rllib = sum(int(row["env_runners"]["num_env_steps_sampled"]) for row in trial_results(result))
+    check_run(run_dir, sampled=(rllib, rllib + 80), not_stored=lost, allow_gaps=True)
 
 
 def test_the_store_down_at_stop_ends_within_its_bound_in_one_line_and_recover_publish_completes_the_run(
@@ -492,5 +505,5 @@ def test_the_store_down_at_stop_ends_within_its_bound_in_one_line_and_recover_pu
     with open_run(uri, cache_dir=str(tmp_path / "cache")) as run:
         assert run.manifest["status"] == "finished" and "publish_pending" not in run.manifest
         assert run.num_env_steps == _sampled(last)
-    check_run(uri)
+    check_run(uri, sampled=_sampled(last))
     assert not glob.glob(os.path.join(staged, ".segments", "*", "[0-9]*.h5"))  # all of it left the node

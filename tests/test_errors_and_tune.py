@@ -16,6 +16,7 @@ from rllib_recorder import ConfigError, OutputDirError, RecorderCallback, Record
 from rllib_recorder.cli import main
 from rllib_recorder.commands.verify import verify_report
 from rllib_recorder.read.run import open_run
+from tests.helpers import rllib_sampled, trial_results, with_callbacks
 from tests.integrity import check_run
 from tests.test_recording import ppo, record
 
@@ -35,7 +36,7 @@ def _manifest_totals(run_dir):
 
 
 def test_recorder_error_is_counted_and_never_kills_the_env_runner(ray_session, tmp_path):
-    config = ppo(runners=1).callbacks([MangleEpisodeIds, RecorderCallback.configured(output_dir=str(tmp_path))])
+    config = with_callbacks(ppo(runners=1), [MangleEpisodeIds, RecorderCallback.configured(output_dir=str(tmp_path))])
     algo = config.build_algo()
     results = [algo.train() for _ in range(2)]
     totals = algo.stop() or _manifest_totals(results[-1]["recorder"]["run_dir"])
@@ -56,7 +57,7 @@ def test_recorder_error_is_counted_and_never_kills_the_env_runner(ray_session, t
 
 def test_fail_on_error_stops_training_with_a_recorder_error(ray_session, tmp_path):
     recorder = RecorderCallback.configured(output_dir=str(tmp_path), fail_on_error=True, coalesce_rows=0)
-    algo = ppo(runners=1).callbacks([MangleEpisodeIds, recorder]).build_algo()
+    algo = with_callbacks(ppo(runners=1), [MangleEpisodeIds, recorder]).build_algo()
     with pytest.raises(RecorderError, match="fail_on_error=True"):
         for _ in range(3):
             algo.train()
@@ -87,13 +88,13 @@ def test_unwritable_output_dir_fails_before_training(tmp_path):
 
 
 def test_second_run_never_overwrites_the_first(ray_session, tmp_path):
-    run_dir, _, _ = record(ppo(runners=1), tmp_path, iterations=1, run_name="fixed", coalesce_rows=0)
+    run_dir, results, _ = record(ppo(runners=1), tmp_path, iterations=1, run_name="fixed", coalesce_rows=0)
     before = {p: os.path.getmtime(os.path.join(run_dir, p)) for p in os.listdir(run_dir)}
     config = ppo(runners=1).callbacks(RecorderCallback.configured(output_dir=str(tmp_path / "rec"), run_name="fixed"))
     with pytest.raises(OutputDirError, match="already holds a run; choose another run_name"):
         config.build_algo()
     assert {p: os.path.getmtime(os.path.join(run_dir, p)) for p in os.listdir(run_dir)} == before
-    check_run(run_dir)
+    check_run(run_dir, sampled=rllib_sampled(results))
 
 
 def test_asynchronous_appo_run_is_recorded_exactly_with_its_policy_lag(ray_session, tmp_path):
@@ -107,8 +108,10 @@ def test_asynchronous_appo_run_is_recorded_exactly_with_its_policy_lag(ray_sessi
         .callbacks(RecorderCallback.configured(output_dir=str(tmp_path / "rec")))
     )
     algo = config.build_algo()
+    results = []
     for _ in range(40):  # APPO's first samples take a few seconds to arrive on 2 CPUs
         result = algo.train()
+        results.append(result)
         rates = [result["recorder"][f"{k}_steps_per_s"] for k in ("produced", "stored", "consumed")]
         if result["recorder"]["policy_lag_max"] > 0 and all(rate > 0 for rate in rates):
             break  # (an iteration of 1 s may see no chunk stored: the outbox coalesces up to 2 s)
@@ -117,7 +120,10 @@ def test_asynchronous_appo_run_is_recorded_exactly_with_its_policy_lag(ray_sessi
     assert result["recorder"]["learners_reporting"] == 1
     assert {k for k, v in result["recorder"].items() if k.endswith("_steps_per_s") and v > 0} == {
         "produced_steps_per_s", "stored_steps_per_s", "consumed_steps_per_s"}
-    counts = check_run(run_dir)
+    # RLlib's count, and at most the one sample in flight (max_requests_in_flight_per_env_runner=1, 20 steps) that
+    # the runner returned before algo.stop() and RLlib never fetched: the recorder keeps what sample() returned
+    sampled = rllib_sampled(results)
+    counts = check_run(run_dir, sampled=(sampled, sampled + 20))
     with open_run(run_dir) as run:
         assert run.num_env_steps == run.manifest["totals"]["env_steps_stored"] == counts["agent_steps"] > 0
         assert run.manifest["totals"]["unacked_at_stop"] == 0 and run.manifest["totals"]["errors"] == 0
@@ -170,8 +176,9 @@ def test_two_tune_trials_get_separate_complete_runs(ray_session, tmp_path):
     assert sorted(index["runs"]) == [os.path.basename(d) for d in run_dirs]
     trial_ids = sorted(r.metrics["trial_id"] for r in results)
     assert sorted(e["trial_id"] for e in index["runs"].values()) == trial_ids
+    sampled_by_run = {r.metrics["recorder"]["run_dir"]: rllib_sampled(trial_results(r)) for r in results}
     for run_dir in run_dirs:
-        counts = check_run(run_dir)
+        counts = check_run(run_dir, sampled=sampled_by_run[run_dir])  # RLlib's count of the trial
         with open_run(run_dir) as run:
             assert [f.worker_index for f in run.files] == [0]  # the local env runner samples
             entry = index["runs"][os.path.basename(run_dir)]

@@ -12,6 +12,7 @@ from tests.envs import decode
 from tests.test_recording import ppo, record
 
 
+@pytest.mark.compat
 def test_batches_in_order_hold_every_stored_row_value_by_value(recorded_cartpole):
     with open_run(recorded_cartpole) as run:
         batches = list(run.iter_batches(300, columns=["obs", "actions", "rewards", "eps_id", "policy_lag",
@@ -76,6 +77,7 @@ def test_next_obs_of_every_agent_and_nested_space_follows_its_step(ray_session, 
             assert {a for f in run.files for a in f.agents} == {"a", "b"}
 
 
+@pytest.mark.compat
 def test_shuffled_batches_hold_every_row_once_in_a_repeatable_order(recorded_cartpole):
     with open_run(recorded_cartpole) as run:
         def rows(**kwargs):

@@ -6,14 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ray.rllib.algorithms.ppo import PPOConfig
-from ray.tune.registry import register_env
 
-from rllib_recorder import RecorderCallback, open_run
+from rllib_recorder import open_run
 from rllib_recorder.errors import ConversionError
-from tests.envs import TurnBasedEnv
-
-register_env("turn_based", lambda cfg: TurnBasedEnv(cfg))
 
 
 def expected_env_ts(agent: str, length: int, turns: tuple[str, ...]) -> list[int]:
@@ -25,18 +20,11 @@ def expected_env_ts(agent: str, length: int, turns: tuple[str, ...]) -> list[int
 
 # Two agents taking turns, and three: an agent then waits two env steps between its observations, across cuts.
 @pytest.fixture(scope="module", params=[("a", "b"), ("a", "b", "d")], ids=["2-turns", "3-turns"])
-def turn_based_run(ray_session, tmp_path_factory, request):
-    config = (
-        PPOConfig().environment("turn_based", env_config={"turns": request.param}, disable_env_checking=True)
-        .env_runners(num_env_runners=1, rollout_fragment_length=7)
-        .multi_agent(policies={"pab", "pc"}, policy_mapping_fn=lambda aid, *a, **k: "pc" if aid == "c" else "pab")
-        .training(train_batch_size=60, minibatch_size=30, num_epochs=1)
-        .callbacks(RecorderCallback.configured(output_dir=str(tmp_path_factory.mktemp("ma") / "rec")))
-    )
-    algo = config.build_algo()
-    results = [algo.train() for _ in range(2)]
-    algo.stop()
-    return results[-1]["recorder"]["run_dir"], tuple(request.param)
+def turn_based_run(turn_based_recorder, request):
+    turns = tuple(request.param)
+    if turns == ("a", "b", "d"):  # the session's run (tests/conftest.py), which other modules read too
+        return request.getfixturevalue("recorded_turn_based"), turns
+    return turn_based_recorder(turns), turns
 
 
 def test_multi_agent_episodes_equal_the_env_step_by_step(turn_based_run):

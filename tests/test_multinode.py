@@ -59,9 +59,9 @@ def test_every_writer_runs_on_the_node_of_its_runners(cluster_run):
 
 @pytest.mark.multinode
 def test_every_row_of_every_node_reads_back_and_verifies(cluster_run):
-    counts = check_run(cluster_run["run_dir"])  # value by value: (runner, episode, t) in every observation
+    # value by value: (runner, episode, t) in every observation; nothing lost with the node, by RLlib's count
+    counts = check_run(cluster_run["run_dir"], sampled=cluster_run["sampled"])
     assert {w for w, _, _ in counts["streams"]} == {1, 2}
-    assert counts["agent_steps"] == cluster_run["sampled"]  # nothing lost with the node: RLlib restarted its runner
     assert verify_run(cluster_run["run_dir"]) == []
 
 
@@ -77,7 +77,7 @@ def test_gather_collects_the_nodes_files_into_a_valid_run(cluster_run):
     with open_run(cluster_run["run_dir"]) as run:
         assert sorted(os.listdir(gathered)) == ["manifest.json", *sorted(run.manifest["files"])]
     assert verify_run(gathered) == []
-    assert check_run(gathered)["agent_steps"] == cluster_run["sampled"]
+    check_run(gathered, sampled=cluster_run["sampled"])  # RLlib's count
     assert_same_run(cluster_run["run_dir"], gathered)
     with open_run(gathered) as run:
         assert all("node_id" not in info for info in run.manifest["files"].values())

@@ -27,6 +27,7 @@ def _train_once(config, rows: int) -> tuple[dict, int, dict]:
         gc.collect()  # Ray Data's iterator finalized while Ray is up (see the README's BC example)
 
 
+@pytest.mark.compat
 def test_bc_and_marwil_train_on_every_row_of_a_cartpole_recording(recorded_cartpole):
     from ray.rllib.algorithms.bc import BCConfig
     from ray.rllib.algorithms.marwil import MARWILConfig

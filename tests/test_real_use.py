@@ -9,6 +9,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from click.testing import CliRunner
 from rllib_recorder import RecorderCallback
 from rllib_recorder.cli import main
 from rllib_recorder.commands.verify import verify_report
+from rllib_recorder.format import liveness
 from rllib_recorder.format.manifest import read_manifest
 from tests.helpers import communicate_or_kill
 from tests.integrity import check_run
@@ -53,13 +55,19 @@ def figure(case: str, sampled: int, stored: int, extra: str = "") -> None:
     print(f"\nfigure: {case}: RLlib sampled {sampled}, stored {stored}{extra}")
 
 
-def _stored_all(run_dir: str) -> int:
-    """Verify the run as a user would; returns N of 'all N sampled env steps stored'."""
+# Env steps of one train() of tests/user_program.py (train_batch_size): what a run killed inside a train() may
+# hold beyond RLlib's count of the train() calls that returned.
+ITERATION_STEPS = 400
+
+
+def _stored_all(run_dir: str, sampled: int | tuple[int, int]) -> int:
+    """Verify the run as a user would, and check every row against the env's code and the count against RLlib's
+    (``sampled``: exact, or a (low, high) range); returns N of 'all N sampled env steps stored'."""
     result = CliRunner().invoke(main, ["verify", run_dir])
     assert result.exit_code == 0, result.output
     found = ALL_STORED.search(result.output)
     assert found, result.output
-    check_run(run_dir, statuses=("finished", "interrupted", "recovered"))  # every row, value by value
+    check_run(run_dir, statuses=("finished", "interrupted", "recovered"), sampled=sampled)
     return int(found.group(1))
 
 
@@ -83,7 +91,7 @@ def test_a_script_that_never_stops_its_algorithm_stores_every_sampled_step(tmp_p
     manifest = read_manifest(run_dir)
     assert (manifest["status"], manifest["ended_by"]) == (status, ended_by)
     # nothing sampled after the last train(): stored is exactly what RLlib sampled and trained on
-    stored = _stored_all(run_dir)
+    stored = _stored_all(run_dir, sampled=progress[-1]["sampled"])
     figure(f"script {mode}", progress[-1]["sampled"], stored)
     assert stored == progress[-1]["sampled"]
 
@@ -103,7 +111,8 @@ def test_ctrl_c_or_sigterm_at_a_random_moment_stores_every_sampled_step(tmp_path
     run_dir = progress[-1]["run_dir"]
     manifest = read_manifest(run_dir)
     assert (manifest["status"], manifest["ended_by"]) == ("interrupted", ended_by)
-    stored = _stored_all(run_dir)
+    rllib = progress[-1]["sampled"]  # the train() the signal interrupted: stored, never counted by RLlib
+    stored = _stored_all(run_dir, sampled=(rllib, rllib + ITERATION_STEPS))
     figure(ended_by, progress[-1]["sampled"], stored, " (RLlib's count is of the last finished train())")
     assert stored >= progress[-1]["sampled"]
 
@@ -125,7 +134,8 @@ def test_a_sigkilled_driver_loses_nothing_its_runners_handed_over_once_recovered
     assert read_manifest(run_dir)["status"] == "running"
     result = CliRunner().invoke(main, ["recover", run_dir])
     assert result.exit_code == 0, result.output
-    stored = _stored_all(run_dir)
+    rllib = progress[-1]["sampled"]
+    stored = _stored_all(run_dir, sampled=(rllib, rllib + ITERATION_STEPS))
     recovery = read_manifest(run_dir)["recovery"]
     figure("driver SIGKILL + recover", progress[-1]["sampled"], stored,
            f", of them {recovery.get('spool_env_steps_committed', 0)} committed from the spool by recover")
@@ -150,3 +160,51 @@ def test_a_live_run_reads_as_recording_and_recover_refuses_it_untouched(ray_sess
     finally:
         algo.stop()
     assert "all " in verify_report(run_dir)["summary"]
+
+
+def _command(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``rllib-recorder ARGS`` as a real process (this tree first on PYTHONPATH, as conftest set it)."""
+    return subprocess.run([shutil.which("rllib-recorder") or "rllib-recorder", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_recover_run_at_once_after_the_driver_alone_is_sigkilled_waits_for_ray_then_stores_every_step(tmp_path):
+    """The notebook kernel's death: only the driver is SIGKILLed; Ray ends its writers and runners by itself a few
+    seconds later. ``recover`` run at once says so in one line, waits for them and recovers; while the driver
+    ran, the same command refused with today's advice."""
+    proc = _start("loop", str(tmp_path / "rec"))
+    try:
+        progress = _progress(proc, 1)
+        assert len(progress) == 1, proc.stderr.read()[-2000:]
+        run_dir = progress[-1]["run_dir"]
+        live = _command("recover", run_dir)
+        assert live.returncode == 2 and live.stderr.count("\n") == 1, live.stderr
+        assert "is recording (its driver (pid" in live.stderr and "let it finish, or stop it first" in live.stderr
+        assert read_manifest(run_dir)["status"] == "running"
+        progress += _progress(proc, 1)
+        time.sleep(random.uniform(0.0, 1.5))  # between train() calls or inside one
+        os.kill(proc.pid, signal.SIGKILL)  # the driver alone: Ray's own processes are left to end themselves
+        proc.wait()
+        killed_at = time.monotonic()
+        running = liveness.run_processes(run_dir)
+        recovered = _command("recover", run_dir)
+        recover_s = time.monotonic() - killed_at
+    finally:
+        for pid in [proc.pid] * (proc.poll() is None) + _session_pids(proc.pid):  # the rest of its Ray cluster
+            os.kill(pid, signal.SIGKILL)
+        proc.wait()
+        progress += _progress(proc)  # what it printed before the kill
+    assert running, "the premise: the driver's writers still ran when recover started"
+    assert recovered.returncode == 0, recovered.stderr
+    waited = [line for line in recovered.stderr.splitlines() if "has died; waiting up to 30 s for Ray to end" in line]
+    assert len(waited) == 1 and recovered.stderr.strip() == waited[0], recovered.stderr
+    verified = _command("verify", run_dir)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    stored = int(ALL_STORED.search(verified.stdout).group(1))
+    sampled = progress[-1]["sampled"]  # RLlib's count after the last train() that returned
+    check_run(run_dir, statuses=("recovered",), sampled=(sampled, sampled + ITERATION_STEPS))  # every row too
+    figure("driver alone SIGKILLed, recover at once", sampled, stored,
+           f" ({waited[0].split('; ')[1]}; recover ended {recover_s:.1f} s after the kill)")
+    # more only by the train() the kill interrupted (train_batch_size 400), which RLlib never counted
+    assert sampled <= stored <= sampled + 400

@@ -63,7 +63,7 @@ def test_replay_streams_episodes_into_a_callable(recorded_cartpole):
     assert [line["len"] for line in lines] == [len(e) for e in expected]
 
 
-@pytest.mark.parametrize("fixture", ["recorded_cartpole", "recorded_breakout"])
+@pytest.mark.parametrize("fixture", [pytest.param("recorded_cartpole", marks=pytest.mark.compat), "recorded_breakout"])
 def test_replay_check_re_simulates_every_episode(fixture, request):
     run_dir = request.getfixturevalue(fixture)
     result = invoke("replay", run_dir, "--check")
@@ -117,6 +117,7 @@ def test_replay_check_says_when_an_env_cannot_be_re_simulated(recorded_cartpole,
     assert "has no recorded start state" in result.output
 
 
+@pytest.mark.compat
 def test_export_rllib_trains_a_real_bc(recorded_cartpole, tmp_path):
     import gymnasium as gym
     from ray.rllib.algorithms.bc import BCConfig

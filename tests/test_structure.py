@@ -71,12 +71,14 @@ def test_no_module_is_named_like_a_standard_library_module():
     assert not clashes, f"modules named like the standard library's: {clashes}"
 
 
+@pytest.mark.compat
 def test_every_private_rllib_ray_and_tune_access_still_exists():
     from rllib_recorder._rllib_compat import problems
 
     assert problems() == []
 
 
+@pytest.mark.compat
 def test_no_module_but_the_compat_one_reaches_into_ray_privately():
     """Private names of ray (``_global_registry``, ``ray._common``, ``_storage``, ...) only in _rllib_compat.py."""
     private = ("_global_registry", "ray._common", "._storage", "_weights_seq_no", "_ts_dropped",

@@ -24,7 +24,8 @@ ITERATIONS = 8
 class PrintResults(tune.Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info):
         print(json.dumps({"iteration": result["training_iteration"], "run_dir": result["recorder"]["run_dir"],
-                          "sampled": result["env_runners"]["num_env_steps_sampled_lifetime"]}), flush=True)
+                          "sampled": result["env_runners"]["num_env_steps_sampled_lifetime"],
+                          "sampled_this_iteration": int(result["env_runners"]["num_env_steps_sampled"])}), flush=True)
 
 
 def config() -> PPOConfig:

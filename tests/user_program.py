@@ -2,7 +2,7 @@
 ``ray.init`` of its own and, like most RLlib examples and notebooks, no ``algo.stop()``.
 
 ``python -m tests.user_program MODE OUTPUT_DIR [STAGING_DIR]``; prints one JSON line per iteration (run dir and RLlib's sampled
-count). MODE: ``end`` (3 iterations, then the script ends), ``long`` (12, then it ends), ``raise`` (an exception after 2), ``shutdown``
+count: its iterations' own counts summed, 400 an iteration). MODE: ``end`` (3 iterations, then the script ends), ``long`` (12, then it ends), ``raise`` (an exception after 2), ``shutdown``
 (``ray.shutdown()`` after 2, then the script ends), ``loop`` (trains until a signal ends it).
 """
 
@@ -27,10 +27,11 @@ def main(mode: str, output_dir: str, staging_dir: str | None = None) -> None:
     )
     algo = config.build_algo()
     iterations = {"end": 3, "long": 12, "raise": 2, "shutdown": 2}.get(mode, 10**9)
+    sampled = 0
     for _ in range(iterations):
         result = algo.train()
-        print(json.dumps({"run_dir": result["recorder"]["run_dir"],
-                          "sampled": result["env_runners"]["num_env_steps_sampled_lifetime"]}), flush=True)
+        sampled += int(result["env_runners"]["num_env_steps_sampled"])  # RLlib's own count, iteration by iteration
+        print(json.dumps({"run_dir": result["recorder"]["run_dir"], "sampled": sampled}), flush=True)
     if mode == "raise":
         raise RuntimeError("a bug in the user's loop")
     if mode == "shutdown":

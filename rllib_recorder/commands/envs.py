@@ -234,3 +234,14 @@ def import_env_package(module: str) -> None:
     gym.register_envs(imported)
     if module == "ale_py" and hasattr(imported, "ALEInterface") and hasattr(imported, "LoggerMode"):
         imported.ALEInterface.setLoggerMode(imported.LoggerMode.Error)
+        if not any(name.startswith("ALE/") for name in gym.registry):
+            register_ale_envs(imported)
+
+
+def register_ale_envs(ale_py: Any) -> None:
+    """Registers ALE's ids where importing ale_py did not: ale-py 0.12 registers them only once its vector env
+    imports, which needs gymnasium 1.1 (Ray before 2.49 pins gymnasium 1.0.0, where the import fails quietly)."""
+    from ale_py.registration import register_v0_v4_envs, register_v5_envs
+
+    register_v0_v4_envs()
+    register_v5_envs()

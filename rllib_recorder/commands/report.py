@@ -62,12 +62,18 @@ def _three(x: float, digits: int = 3) -> str:
     return text.rstrip("0").rstrip(".") if "." in text and "e" not in text else text
 
 
+def _two_digits(x: float) -> str:
+    """``x`` to 2 significant digits, without an exponent: ``1.2``, ``12``, ``260``, ``3100``."""
+    text = f"{x:.2g}"
+    return f"{float(text):.0f}" if "e" in text else text
+
+
 def compression_text(disk: float | None, raw: float | None) -> str:
     """``1.2x smaller than the raw 975 kB``, or how much larger a (small) file is than its raw arrays."""
     if not disk or not raw:
         return "compression unknown"
     if raw >= disk:
-        return f"{raw / disk:.2g}x smaller than the raw {human_bytes(raw)}"
+        return f"{_two_digits(raw / disk)}x smaller than the raw {human_bytes(raw)}"
     return f"larger than the raw {human_bytes(raw)} (HDF5's own structure outweighs a small run's data)"
 
 

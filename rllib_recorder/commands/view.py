@@ -70,13 +70,9 @@ def view(paths: tuple[str, ...], port: int, host: str | None, no_browser: bool) 
       rllib-recorder view recordings
       rllib-recorder view recordings/<run> --no-browser --port 0
     """
-    from rllib_recorder.errors import RecorderError
+    from rllib_recorder.commands.cli_guard import guard
 
-    try:
-        server = serve(list(paths), host or DEFAULT_HOST, port)
-    except RecorderError as e:
-        click.echo(f"error: {' '.join(str(e).split())}", err=True)
-        sys.exit(2)
+    server = guard(lambda: serve(list(paths), host or DEFAULT_HOST, port))
     click.echo(server.url)
     if host is not None and host not in ("127.0.0.1", "localhost", "::1"):
         click.echo(f"warning: serving on {host}: every machine that can reach this one on port {server.port} can "

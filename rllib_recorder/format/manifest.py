@@ -98,6 +98,7 @@ FILE_NAME = re.compile(r"(eval-)?worker-[0-9]{3,9}(\.node[0-9]{1,6})?\.h5")
 # A run directory's name inside an experiment directory: one plain path component.
 RUN_DIR_NAME = re.compile(r"(?!\.\.?$)[^/\\\x00]{1,255}")
 NODE_ID = re.compile(r"[0-9a-f]{8,128}")
+GCS_ADDRESS = re.compile(r"[A-Za-z0-9.\-\[\]:]{1,255}:[0-9]{1,5}")
 MAX_COUNT = 1 << 62
 
 _STR, _NUM, _INT, _DICT, _LIST = "a string", "a number", "a whole number", "an object", "a list"
@@ -106,7 +107,8 @@ _FIELDS = {
     "schema_version": _STR, "run_id": _STR, "status": _STR, "ended_by": _STR, "env": _STR, "algorithm": _STR,
     "api_stack": _STR, "started_at": _STR, "finished_at": _STR, "driver_host": _STR, "trial": _STR,
     "trial_id": _STR, "trial_name": _STR, "experiment": _STR, "recorder_version": _STR,
-    "driver_pid": _INT, "driver_started": _STR,
+    "driver_pid": _INT, "driver_started": _STR, "driver_node_id": _STR, "driver_job_id": _STR,
+    "driver_actor_id": _STR, "ray_gcs_address": _STR,
     "env_config": _DICT, "totals": _DICT, "writer_nodes": _DICT, "recorder": _DICT,
     "versions": _DICT, "spaces": _DICT, "recovery": _DICT, "gathered_from": _DICT, "attempts": _LIST,
     "env_config_omitted": _LIST, "target": _STR, "staging_dir": _STR, "lost_nodes": _LIST,
@@ -131,6 +133,11 @@ def check_manifest(manifest: dict[str, Any], path: str) -> None:
             raise bad(field, f"is {_what(value)}, not {kind}")
     if manifest.get("driver_pid") is not None and not 0 < manifest["driver_pid"] < 1 << 31:
         raise bad("driver_pid", f"is {manifest['driver_pid']}, not a process id")
+    for field in ("driver_node_id", "driver_job_id", "driver_actor_id"):
+        if manifest.get(field) is not None and not NODE_ID.fullmatch(manifest[field]):
+            raise bad(field, f"is {manifest[field][:80]!r}, not a Ray id (hex)")
+    if manifest.get("ray_gcs_address") is not None and not GCS_ADDRESS.fullmatch(manifest["ray_gcs_address"]):
+        raise bad("ray_gcs_address", f"is {manifest['ray_gcs_address'][:80]!r}, not a host:port")
     files = manifest.get("files")
     if files is None:
         manifest.pop("files", None)

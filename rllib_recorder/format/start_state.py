@@ -32,8 +32,8 @@ _HEADER_JSON = json.JSONEncoder(separators=(",", ":"))  # one encoder for every 
 
 # Flags of the blob. FLAG_XOR (schema 3.0): the arrays the header lists under "xor" hold their bytes XOR those of the
 # same-named array of a *reference*: the start state stored "ref_back" fragment rows earlier in the same agent's
-# fragments table, within the same batch row (one append: a reader never crosses a segment for it), itself stored
-# plain. An env's start states differ in a few bytes from one episode to the next (an ALE state: about 20 of
+# fragments table of the same file (an earlier append's too, never another file's: a reader never crosses a
+# segment for it), itself stored plain. An env's start states differ in a few bytes from one episode to the next (an ALE state: about 20 of
 # 14,449), so the XOR compresses to 100-200 bytes where the state took 7.5 kB (docs/BENCHMARKS.md).
 FLAG_ZLIB = 1
 FLAG_XOR = 2

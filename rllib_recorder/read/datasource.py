@@ -80,8 +80,9 @@ class RecordedStepsDatasource(Datasource):
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
                        data_context: Any = None) -> list[Any]:
-        from ray.data.block import BlockAccessor, BlockMetadata
-        from ray.data.datasource import ReadTask
+        from ray.data.block import BlockAccessor
+
+        from rllib_recorder._rllib_compat import read_task
 
         tasks = []
         for path, agent, start, stop, row_bytes, uri in self.ranges:
@@ -94,9 +95,9 @@ class RecordedStepsDatasource(Datasource):
                 return [BlockAccessor.batch_to_block(rows)]
 
             filtered = self.module_id is not None or self.min_policy_version is not None
-            meta = BlockMetadata(num_rows=None if filtered else stop - start,
-                                 size_bytes=(stop - start) * row_bytes, input_files=[path], exec_stats=None)
-            tasks.append(ReadTask(read, meta, per_task_row_limit=per_task_row_limit))
+            tasks.append(read_task(read, num_rows=None if filtered else stop - start,
+                                   size_bytes=(stop - start) * row_bytes, input_files=[path],
+                                   per_task_row_limit=per_task_row_limit))
         return tasks
 
 

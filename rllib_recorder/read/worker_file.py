@@ -330,11 +330,11 @@ class WorkerFile:
                 f"batches={commit['batches']}, rows={rows})")
 
 
-# What a reader found in a file before, by key, with the file's stamp (path, size, mtime, inode) then: a finished
+# What a reader found in a file before, by key, with the file's stamp (size, mtime, inode, ctime) then: a finished
 # file is read again without walking every object of it again, or listing its columns again.
-_CHECKED: dict[str, tuple[tuple[int, int, int], list[str]]] = {}  # virtual datasets' sources outside the file
-_PATHS: dict[tuple[str, str], tuple[tuple[int, int, int], list[str]]] = {}  # each agent's step column paths
-_ROW_BYTES: dict[tuple[str, str, Any], tuple[tuple[int, int, int], int]] = {}  # a row's bytes per columns asked
+_CHECKED: dict[str, tuple[probe.Stamp, list[str]]] = {}  # virtual datasets' sources outside the file
+_PATHS: dict[tuple[str, str], tuple[probe.Stamp, list[str]]] = {}  # each agent's step column paths
+_ROW_BYTES: dict[tuple[str, str, Any], tuple[probe.Stamp, int]] = {}  # a row's bytes per columns asked
 
 
 def _remembered(cache: dict, key: Any, path: str, make: Callable[[], Any],

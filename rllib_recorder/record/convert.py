@@ -8,6 +8,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from rllib_recorder._rllib_compat import episode_custom_data
 from rllib_recorder.errors import ConversionError
 from rllib_recorder.format.chunks import (
     DEFAULT_AGENT,
@@ -258,7 +259,7 @@ def _start_state_columns(episodes: Sequence[Any]) -> dict[str, np.ndarray]:
     """The start states kept by on_episode_start, stored with each episode's first fragment only."""
     states, kinds = np.empty(len(episodes), dtype=object), []
     for i, episode in enumerate(episodes):
-        captured = getattr(episode, "custom_data", {}).get(START_STATE_KEY) if episode.t_started == 0 else None
+        captured = episode_custom_data(episode).get(START_STATE_KEY) if episode.t_started == 0 else None
         kind, blob = "", b""
         if captured is not None:  # envstate.Captured: packed now that the first step's outcome is known
             first_step_ended = len(episode) == 1 and bool(episode.is_terminated or episode.is_truncated)

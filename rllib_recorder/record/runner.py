@@ -10,11 +10,12 @@ import weakref
 from collections import Counter
 from typing import Any
 
+from rllib_recorder._rllib_compat import episode_custom_data, forget_custom_data
 from rllib_recorder.format.chunks import Chunk
-from rllib_recorder.format.liveness import HEARTBEAT_NAME
+from rllib_recorder.format.liveness import HEARTBEAT_NAME, write_owner
 from rllib_recorder.format.spool_files import SPOOL_DIR, SegmentWriter
 from rllib_recorder.record.batches import batch_to_chunk
-from rllib_recorder.record import registry
+from rllib_recorder.record import failpoints, registry
 from rllib_recorder.record.binding import Binding, assign_writer, current_node_id
 from rllib_recorder.record.convert import START_STATE_KEY, ConvertOptions, episodes_to_chunk
 from rllib_recorder.record.envstate import plan_of, sub_envs
@@ -104,7 +105,7 @@ class StartStates:
             return
         captured = plan.capture()  # packed at conversion
         if captured is not None:
-            episode.custom_data[START_STATE_KEY] = captured
+            episode_custom_data(episode)[START_STATE_KEY] = captured
 
 
 class EnvRunnerRecorder:
@@ -119,6 +120,7 @@ class EnvRunnerRecorder:
         self.errors: Counter[str] = Counter()
         # every on_sample_end payload, counted before anything can fail: the completeness check's reference
         self.sampled: Counter[str] = Counter()
+        self.payloads = 0  # every on_sample_end payload this process saw (the failpoint's count)
         self._unbound: list[Chunk] = []
         self._unbound_bytes = 0
         self.max_unbound_bytes = max_unbound_bytes if max_unbound_bytes is not None else (256 << 20)
@@ -148,8 +150,10 @@ class EnvRunnerRecorder:
                            "the driver starts one", self.worker_index)
             return
         spool = os.path.join(binding.run_dir, SPOOL_DIR, stem)
+        segments = SegmentWriter(os.path.join(spool, uuid.uuid4().hex), spool_segment_bytes(config.max_backlog_bytes))
+        write_owner(segments.directory)  # recover waits for this process to end before it reads the spool
         self.outbox = Outbox(
-            SegmentWriter(os.path.join(spool, uuid.uuid4().hex), spool_segment_bytes(config.max_backlog_bytes)),
+            segments,
             policy=config.backpressure,
             max_backlog_bytes=config.max_backlog_bytes, max_wait_s=config.drain_timeout_s,
             writer_heartbeat_s=lambda: heartbeat_age_s(os.path.join(spool, HEARTBEAT_NAME)),
@@ -177,6 +181,9 @@ class EnvRunnerRecorder:
         """Counts, converts and hands one ``on_sample_end`` payload to the spool."""
         if not self.enabled:
             return
+        self.payloads += 1
+        if failpoints.POINTS and failpoints.hit("drop_sample", self.payloads):
+            return  # tests only: a sample lost and not counted (record/failpoints.py)
         self.sampled["samples"] += 1
         steps = _env_steps(samples)
         self.sampled["env_steps"] += steps
@@ -206,7 +213,7 @@ class EnvRunnerRecorder:
         if isinstance(samples, list):
             chunk = episodes_to_chunk(samples, self.options, sampled_at_s=now)
             for episode in samples:  # stored now: do not ship start states on to the learner
-                getattr(episode, "custom_data", {}).pop(START_STATE_KEY, None)
+                forget_custom_data(episode, START_STATE_KEY)
             return chunk
         version = getattr(env_runner, "weights_seq_no", None)
         return batch_to_chunk(samples, self.options, -1 if version is None else int(version), now)

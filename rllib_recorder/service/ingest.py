@@ -72,6 +72,7 @@ class Ingest:
         self.errors = 0
         self.last_error: str | None = None
         self._heartbeat_at = 0.0
+        self._claimed: set[str] = set()  # stems whose heartbeat names this process
         self._listing = Relisting()  # the spool's directories, as last listed
 
     def poll(self, final: bool = False) -> int:
@@ -88,7 +89,7 @@ class Ingest:
         self._collect()
         if now - self._heartbeat_at >= HEARTBEAT_EVERY_S:
             self._heartbeat_at = now
-            touch_heartbeats(self.root, {s.stem for s in self.senders.values()}, now)
+            touch_heartbeats(self.root, {s.stem for s in self.senders.values()}, now, self._claimed)
         return committed
 
     def pending(self) -> dict[str, int]:

@@ -9,6 +9,7 @@ import time
 from collections import Counter
 from typing import Any, Callable
 
+from rllib_recorder._rllib_compat import env_steps_sampled
 from rllib_recorder.format.lag import PERCENTILES, lag_summary
 
 RUNNER_SUMS = ("samples", "chunks_written", "env_steps_sampled", "env_steps_written", "chunks_dropped",
@@ -73,6 +74,28 @@ def sum_stats(writer_stats: list[dict[str, Any]], *, run_dir: str, errors_here: 
     }
 
 
+class RllibSampled:
+    """RLlib's count of env steps sampled since the run began: its lifetime count less what it had counted before
+    the run's first iteration.
+
+    That is 0 for a new Algorithm, the checkpoint's count for one restored from a checkpoint into a new run, and on
+    Ray 2.50-2.52 the first iteration's over-count (``_rllib_compat.env_steps_sampled``). It is taken once, at the
+    first result (lifetime less that iteration's own count), and kept in the manifest so that a later attempt of
+    a Tune trial, whose RLlib count goes on from a checkpoint of this run, takes the same ``offset``.
+    """
+
+    def __init__(self, offset: int | None = None, evaluation: bool = False) -> None:
+        self.offset, self.evaluation = offset, evaluation
+
+    def update(self, result: dict[str, Any]) -> int | None:
+        lifetime, this_iteration = env_steps_sampled(result, self.evaluation)
+        if lifetime is None:
+            return None
+        if self.offset is None:
+            self.offset = max(0, lifetime - this_iteration) if this_iteration is not None else 0
+        return max(0, lifetime - self.offset)
+
+
 class Rates:
     """TianJi's three rates between train results, and the lifetime counts the manifest keeps at each.
 
@@ -83,16 +106,17 @@ class Rates:
     ``clock`` (monotonic seconds) and ``wall`` (Unix seconds) are passed in so that tests need not sleep.
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 sampled: RllibSampled | None = None) -> None:
         self.clock, self.wall = clock, wall
+        self.sampled = sampled if sampled is not None else RllibSampled()
         self.started = clock()
         self.base: tuple[float, int, int, int] = (self.started, 0, 0, 0)
         self.lifetime: dict[str, float] = {}
 
     def update(self, stored: int, result: dict[str, Any], consumed: int | None) -> dict[str, Any]:
         """The rates since the last update; ``consumed`` None: the old API stack's own once-per-batch count."""
-        produced = int(find(result, ("env_runners", "num_env_steps_sampled_lifetime"), None)
-                       or result.get("num_env_steps_sampled") or 0)  # the old API stack's lifetime count
+        produced = self.sampled.update(result) or 0
         if consumed is None:
             consumed = int(result.get("num_env_steps_trained") or 0)
         now = (self.clock(), produced, stored, consumed)

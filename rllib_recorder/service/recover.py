@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import glob
 import os
+import time
 from typing import Any, Callable
 
 from rllib_recorder.errors import SchemaError
 from rllib_recorder.format import commits, durable, h5file, layout, probe
 from rllib_recorder.format import repair as h5repair
-from rllib_recorder.format.liveness import recording_now
+from rllib_recorder.format import liveness
 from rllib_recorder.format.manifest import now_iso, place_files, read_manifest, write_manifest
 from rllib_recorder.format.spool_files import sender_dirs
 
 RECOVERED = "recovered"
+# How long recover waits, once the driver has died, for the run's writers and env runners to end. Ray ends a dead
+# driver's actors by itself, about 5 s after the kill; a writer on another machine is taken for dead
+# HEARTBEAT_STALE_S (15 s) after its last heartbeat. Twice that is left for a loaded machine.
+DEAD_DRIVER_WAIT_S = 30.0
 
 
 def commit_spools(run_dir: str, run_id: str, config: Any = None) -> list[dict[str, Any]]:
@@ -75,7 +80,8 @@ def _commit_main() -> None:
     sys.stdout.write(json.dumps(stats, default=str))
 
 
-def recover_run(run_dir: str, progress: Callable[[int], None] | None = None, publish: bool = False) -> dict[str, Any]:
+def recover_run(run_dir: str, progress: Callable[[int], None] | None = None, publish: bool = False,
+                say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Recovers every worker file of ``run_dir`` and finishes its manifest; returns what was done.
 
     Idempotent. A file is rewritten from its committed rows when it holds rows past its
@@ -85,15 +91,16 @@ def recover_run(run_dir: str, progress: Callable[[int], None] | None = None, pub
     ``*.h5.empty`` so that readers skip it. Leftover temporary files are removed. ``progress(1)`` is
     called after each file. The staging directory of a durable run is uploaded to the target its manifest names
     only with ``publish`` (the user's say-so: a URI read from a recording alone never decides where data goes).
+    A run whose driver has died while its writers or env runners still run is recovered once they have ended
+    (``wait_for_the_dead``: ``say`` gets one line saying so).
     """
     if not os.path.isdir(run_dir):
         raise SchemaError(f"{run_dir} is not a directory; pass the run directory (it holds manifest.json)")
     manifest = read_manifest(run_dir)
     layout.check_version(manifest.get("schema_version"), os.path.join(run_dir, "manifest.json"))
-    live = recording_now(run_dir, manifest)
-    if live is not None:
-        raise SchemaError(f"{run_dir} is recording ({live}); recover only a run whose driver has died: let it "
-                          "finish, or stop it first")
+    if wait_for_the_dead(run_dir, manifest, say or (lambda line: None)):  # a new attempt may have started since
+        manifest = read_manifest(run_dir)
+        wait_for_the_dead(run_dir, manifest, say or (lambda line: None))
     spooled = next(sender_dirs(run_dir), None) is not None
     unfinished = manifest.get("status") != "finished" or spooled
     removed = _remove_leftovers(run_dir)
@@ -126,6 +133,44 @@ def recover_run(run_dir: str, progress: Callable[[int], None] | None = None, pub
         if publish:
             report["published"] = _publish(run_dir, manifest)
     return report
+
+
+def wait_for_the_dead(run_dir: str, manifest: dict[str, Any], say: Callable[[str], None],
+                      bound_s: float = DEAD_DRIVER_WAIT_S, clock: Callable[[], float] = time.monotonic,
+                      sleep: Callable[[float], None] = time.sleep,
+                      ask_ray: Callable[[dict[str, Any]], bool | None] | None = None) -> bool:
+    """Returns once no process of the run runs: whether it waited for some. SchemaError while its driver runs, or
+    may (its writers beat and nothing tells that its driver died), with the advice to let it finish or stop it.
+    When its driver has died and its writers or env runners still run (Ray ends them within seconds), says so in
+    one line and waits for them, at most ``bound_s``; SchemaError naming those left after that."""
+    alive = liveness.driver_alive(manifest, ask_ray)
+    if manifest.get("status") == "running" and alive:
+        _refuse(run_dir, f"its driver (pid {manifest['driver_pid']} on {manifest['driver_host']}) is running")
+    if alive is not False:  # nothing says its driver died: a writer that beats is recording
+        writers = liveness.run_processes(run_dir, runners=False)
+        if writers:
+            _refuse(run_dir, f"a writer of it was alive {min(p.age_s or 0.0 for p in writers):.0f} s ago")
+        return False
+    processes = liveness.run_processes(run_dir)
+    if not processes:
+        return False
+    say(f"{run_dir}: its driver (pid {manifest.get('driver_pid')} on {manifest.get('driver_host')}) has died; "
+        f"waiting up to {bound_s:.0f} s for Ray to end its {liveness.describe(processes)}")
+    deadline = clock() + bound_s
+    while processes and clock() < deadline:
+        sleep(0.2)
+        processes = liveness.run_processes(run_dir)
+    if processes:
+        pids = " ".join(str(p.pid) for p in processes if p.pid)
+        raise SchemaError(f"{run_dir}: its driver has died, but its {liveness.describe(processes)} still ran "
+                          f"{bound_s:.0f} s later; end them (kill {pids or 'them'}, or 'ray stop' on their node) and "
+                          "run recover again")
+    return True
+
+
+def _refuse(run_dir: str, why: str) -> None:
+    raise SchemaError(f"{run_dir} is recording ({why}); recover only a run whose driver has died: let it finish, "
+                      "or stop it first")
 
 
 def _publish(run_dir: str, manifest: dict[str, Any]) -> dict[str, Any]:

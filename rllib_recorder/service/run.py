@@ -28,7 +28,7 @@ from rllib_recorder.service import lifecycle
 from rllib_recorder.service.attempts import earlier_totals, previous_attempt, tune_names
 from rllib_recorder.service.incarnations import RunnerWatch
 from rllib_recorder.service.learner import count_consumed, hook_learners
-from rllib_recorder.service.metrics import Rates, find, learner_version_of, sum_stats
+from rllib_recorder.service.metrics import Rates, RllibSampled, learner_version_of, sum_stats
 from rllib_recorder.service.pool import WriterPool
 from rllib_recorder.service.publish import publish_run
 from rllib_recorder.service.run_dir import config_is_new_stack, initial_manifest, resolve_run_dir
@@ -62,7 +62,9 @@ class AlgorithmRecorder:
         self.learner_version = -1
         self.learner_version_since = time.time()
         self.errors: Counter[str] = Counter()
-        self.rates = Rates()
+        before = (previous or {}).get("rllib_counts") or {}  # a later attempt: RLlib's count goes on from this run's
+        self.rates = Rates(sampled=RllibSampled(before.get("env_steps_before_run")))
+        self.evaluation_sampled = RllibSampled(before.get("evaluation_env_steps_before_run"), evaluation=True)
         self.manifest = initial_manifest(algorithm, self.run_id, config)
         if previous is not None:
             self.manifest.update(started_at=previous.get("started_at") or self.manifest["started_at"],
@@ -172,10 +174,12 @@ class AlgorithmRecorder:
         """RLlib's own sampled counts, kept in the manifest at every result: what ``verify`` checks the stored
         steps against (someone else's count, not the recorder's)."""
         counts = {"env_steps_sampled": int(self.rates.lifetime.get("env_steps_sampled") or 0),
+                  "env_steps_before_run": self.rates.sampled.offset,
                   "training_iteration": result.get("training_iteration"), "at": now_iso()}
-        evaluated = find(result, ("evaluation", "env_runners", "num_env_steps_sampled_lifetime"), None)
+        evaluated = self.evaluation_sampled.update(result)
         if evaluated is not None and self.config.record_evaluation:
-            counts["evaluation_env_steps_sampled"] = int(evaluated)
+            counts["evaluation_env_steps_sampled"] = evaluated
+            counts["evaluation_env_steps_before_run"] = self.evaluation_sampled.offset
         self.manifest["rllib_counts"] = counts
         self.manifest["runners"] = self.watch.as_dict()
         try:  # locally only: a durable run's target gets it with the next seal and at the end

@@ -47,8 +47,23 @@ def initial_manifest(algorithm: Any, run_id: str, config: RecorderConfig) -> dic
         "batch_mode": algo_config.batch_mode, "num_env_runners": algo_config.num_env_runners,
         "trial": trial, "trial_name": trial_name, "trial_id": trial_id, "experiment": experiment,
         "spaces": _spaces(algorithm), "recorder": config.to_dict(),
-        "driver_host": socket.gethostname(), "driver_pid": os.getpid(), "driver_started": process_start(),
+        **driver_identity(),
     }
+
+
+def driver_identity() -> dict[str, Any]:
+    """Who the driver is, for ``recover`` to tell whether it still runs: its host, pid and start time (checked on
+    its host), and its Ray node, job, actor (a Tune trial's) and cluster's GCS address (checked elsewhere)."""
+    import ray
+
+    identity = {"driver_host": socket.gethostname(), "driver_pid": os.getpid(), "driver_started": process_start()}
+    try:
+        context = ray.get_runtime_context()
+        identity.update(driver_node_id=context.get_node_id(), driver_job_id=context.get_job_id(),
+                        driver_actor_id=context.get_actor_id(), ray_gcs_address=context.gcs_address)
+    except Exception:  # noqa: BLE001 - Ray not initialised here: the pid check alone tells
+        pass
+    return identity
 
 
 def env_config_fields(env_config: Any, config: RecorderConfig) -> dict[str, Any]:

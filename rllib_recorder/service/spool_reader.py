@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from rllib_recorder.format.liveness import HEARTBEAT_NAME, heartbeat_owner
+from rllib_recorder.format.liveness import HEARTBEAT_NAME, process_identity
 from rllib_recorder.format.spool import Record, read_record
 from rllib_recorder.format.spool_files import segment_name, segments_of
 
@@ -145,14 +145,17 @@ class SenderSpool:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def touch_heartbeats(root: str, stems: set[str], now: float) -> None:
-    """Marks the spools of ``stems`` as read by a live writer (``recover`` and waiting runners look at it)."""
+def touch_heartbeats(root: str, stems: set[str], now: float, claimed: set[str]) -> None:
+    """Marks the spools of ``stems`` as read by a live writer (``recover`` and waiting runners look at it). The
+    first touch of a stem by this process names it in the heartbeat (a restarted writer is another process), and
+    the stem goes into ``claimed``."""
     for stem in stems:
         path = os.path.join(root, stem, HEARTBEAT_NAME)
         try:
-            with open(path, "a") as f:
-                if f.tell() == 0:  # who the writer is, for recover's liveness check
-                    f.write(heartbeat_owner())
+            if stem not in claimed:
+                with open(path, "w") as f:  # who the writer is, for recover's liveness check
+                    f.write(process_identity())
+                claimed.add(stem)
             os.utime(path, (now, now))
         except OSError:  # the runner then waits at most drain_timeout_s
             pass

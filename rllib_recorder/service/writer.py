@@ -16,7 +16,7 @@ from typing import Any, Callable
 import h5py
 
 from rllib_recorder.errors import RecorderError, WriterError
-from rllib_recorder.format import append, commits, datasets, durable, layout, open_columns, segments
+from rllib_recorder.format import append, commits, datasets, durable, layout, open_columns, segments, sound_files
 from rllib_recorder.format.chunks import Chunk
 from rllib_recorder.format.lag import chunk_learner_version, count_lags, step_lags
 
@@ -52,6 +52,9 @@ class RecordingWriter:
         self._columns: dict[tuple[int, bool], open_columns.OpenColumns] = {}
         self._paths: set[str] = set()
         self._rebuilt: set[tuple[int, bool]] = set()
+        # Files whose bytes HDF5 may not all have written in this process: found on disk (another process had
+        # them, maybe killed mid-append) or after a failed append. The others are remembered as sound when closed.
+        self._untrusted: set[tuple[int, bool]] = set()
         # per file, per sender id: the first seq not yet committed (seqs number a sender's samples, in order)
         self._committed: dict[tuple[int, bool], dict[bytes, int]] = {}
         self._sender_stats: dict[str, dict[str, Any]] = {}
@@ -100,6 +103,7 @@ class RecordingWriter:
             # HDF5 segfaults (H5D_close) when they are garbage-collected after a close that failed.
             traceback.clear_frames(e.__traceback__)
             gc.collect()
+            self._untrusted.add(key)
             self._close_file(key)
             raise self._error(e, path) from e
         self._committed[key][sender_id] = seq + chunk.num_samples
@@ -186,6 +190,8 @@ class RecordingWriter:
             self._compact_if_worth(path, data)  # the file is final now
             if self.on_sealed is not None:
                 self._seal_closed(path)
+            elif key not in self._untrusted:  # every byte of it HDF5 wrote here: readers need not probe it
+                sound_files.remember(path)
         return self.stats()
 
     def _maybe_seal(self, key: tuple[int, bool]) -> None:
@@ -244,6 +250,7 @@ class RecordingWriter:
                            "append reopens it", layout.file_name(*key, self.file_tag), type(e).__name__, e)
             self._files.pop(key, None)
             self._columns.pop(key, None)
+            self._untrusted.add(key)
 
     def _compact_closed(self, path: str) -> None:
         """Compacts a closed file; a failure (e.g. a full disk) leaves it as it was, and is only counted."""
@@ -264,6 +271,8 @@ class RecordingWriter:
             worker_index, is_evaluation = key
             path = os.path.join(self.run_dir, layout.file_name(worker_index, is_evaluation, self.file_tag))
             created = not os.path.exists(path)
+            if not created and key not in self._rebuilt:  # another process wrote it before
+                self._untrusted.add(key)
             carry = {}
             if created and self.on_sealed is not None:  # a new segment: it carries what the stream committed
                 if self.seed is not None:

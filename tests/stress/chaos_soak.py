@@ -61,7 +61,7 @@ def main() -> int:
     rng = random.Random(args.seed)
     os.makedirs(args.out, exist_ok=True)
     config = (PPOConfig().environment("counting", env_config={"obs_kind": "vector"})
-              .env_runners(num_env_runners=args.runners, rollout_fragment_length=40)
+              .env_runners(num_env_runners=args.runners, rollout_fragment_length=FRAGMENT_STEPS)
               .training(train_batch_size=80 * args.runners, minibatch_size=40, num_epochs=1)
               .callbacks(RecorderCallback.configured(output_dir=os.path.abspath(args.out))))
     algo = config.build_algo()
@@ -125,6 +125,9 @@ def main() -> int:
     return summarize(run_dir, meta, args.out)
 
 
+FRAGMENT_STEPS = 40  # rollout_fragment_length: a kill inside sample() may store one sample RLlib never got
+
+
 def summarize(run_dir: str, meta: dict, out_dir: str) -> int:
     """Checks a soak's run (verify, every row against the env's code) against RLlib's count; writes chaos.json and
     prints the table for docs/RELIABILITY.md. Exit code 1 when verify finds a problem or a step is missing."""
@@ -134,7 +137,9 @@ def summarize(run_dir: str, meta: dict, out_dir: str) -> int:
 
     kills, rllib_sampled = meta["kills"], meta["rllib_env_steps_sampled"]
     report = verify_report(run_dir)
-    counts = check_run(run_dir)
+    # RLlib's count, and at most one sample per env-runner kill that its callback had (rollout_fragment_length)
+    runner_kills = sum(1 for k in kills if not str(k["what"]).startswith("writer"))
+    counts = check_run(run_dir, sampled=(rllib_sampled, rllib_sampled + FRAGMENT_STEPS * runner_kills))
     per_sender = []
     with open_run(run_dir) as run:
         stored = run.num_env_steps

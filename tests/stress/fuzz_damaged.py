@@ -3,9 +3,12 @@
 CI runs a fixed set of 40 mutations (tests/test_reliability.py); this script explores freely. For each example it
 copies RUN_DIR, damages its first worker file (flipped bits, zeroed ranges, truncation or random bytes), runs
 ``info``, ``verify``, ``recover``, ``verify`` in-process and checks: exit code 0/1/2, no traceback, exit 2 only with
-one ``error: ...`` line. Prints the counts, and every violation with what reproduces it.
+one ``error: ...`` line. Prints the counts, and every violation with what reproduces it. With ``--known`` the copy
+is first remembered as sound (as its writer does when it closes a file, format/sound_files.py), then damaged in
+place with its mtime put back, as a copy tool keeps it: no damaged file may still be known sound.
 
     python tests/stress/fuzz_damaged.py recordings/<run> --examples 2000 --seed 11
+    python tests/stress/fuzz_damaged.py recordings/<run> --examples 200 --seed 12 --known
 """
 
 from __future__ import annotations
@@ -36,11 +39,13 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--probe-timeout", type=float, default=5.0, help="RLLIB_RECORDER_PROBE_TIMEOUT_S")
+    parser.add_argument("--known", action="store_true", help="damage a file known sound, in place, mtime kept")
     args = parser.parse_args()
     os.environ["RLLIB_RECORDER_PROBE_TIMEOUT_S"] = str(args.probe_timeout)
     from click.testing import CliRunner
 
     from rllib_recorder.cli import main as cli
+    from rllib_recorder.format import sound_files
 
     victim = sorted(glob.glob(os.path.join(args.run_dir, "*.h5")))[0]
     original = open(victim, "rb").read()
@@ -52,8 +57,18 @@ def main() -> None:
             run = os.path.join(tmp, f"example-{i}")
             shutil.copytree(args.run_dir, run)
             data, how = damage(original, rng)
-            with open(os.path.join(run, os.path.basename(victim)), "wb") as f:
+            path = os.path.join(run, os.path.basename(victim))
+            if args.known:
+                sound_files.remember(path)
+                before = os.stat(path)
+            with open(path, "r+b") as f:  # in place: the same inode
                 f.write(data)
+                f.truncate(len(data))
+            if args.known:
+                os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+                if data != original and sound_files.known_sound(path):
+                    counts["violations"] += 1
+                    print(f"VIOLATION example {i} ({how}): damaged, still known sound", flush=True)
             for command in (["info", run], ["verify", run], ["recover", run], ["verify", run]):
                 result = CliRunner().invoke(cli, command)
                 lines = result.output.strip().splitlines()
