@@ -4,7 +4,6 @@ read through ``read/`` (docs/reference.md lists every endpoint and field)."""
 from __future__ import annotations
 
 import base64
-import os
 from typing import Any
 
 import numpy as np
