@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from rllib_recorder.commands import cli_data, cli_inspect, cli_record
+from rllib_recorder.commands import cli_data, cli_inspect, cli_record, view
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -14,7 +14,8 @@ def main() -> None:
 
 for _command in (cli_record.train,  # recording and training
                  cli_inspect.info, cli_inspect.verify, cli_inspect.replay, cli_inspect.render, cli_inspect.plot,
-                 cli_data.export, cli_data.recover, cli_data.gather):  # moving data
+                 cli_data.export, cli_data.recover, cli_data.gather,  # moving data
+                 view.view):  # the web viewer (rllib_recorder/view/)
     main.add_command(_command)
 
 

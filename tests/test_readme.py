@@ -3,12 +3,15 @@ processes, on a real recording made by the README's own quick start in a fresh f
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import urllib.request
 
 import pytest
 from click.testing import CliRunner
@@ -51,6 +54,26 @@ def run(command: str, cwd: str, timeout: int = 600, env: dict | None = None) -> 
     return proc
 
 
+def serve_and_stop(command: str, cwd: str) -> list[dict]:
+    """``rllib-recorder view`` serves until Ctrl-C: started as written (a browser it opens is ``true``), asked for
+    its runs at the URL it prints first, then stopped with SIGINT, which must end it with exit 0."""
+    env = dict(os.environ, BROWSER="true", PYTHONPATH=os.pathsep.join([cwd, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), (command, url, proc.stderr.read() if proc.poll() else "")
+        with urllib.request.urlopen(url + "api/runs", timeout=300) as response:
+            runs = json.loads(response.read())["runs"]
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "Traceback" not in err, (command, out[-3000:], err[-3000:])
+    assert runs and not any("error" in r for r in runs), (command, runs)
+    return runs
+
+
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     """A fresh folder holding configs/, where the README's quick start has run as written: (folder, run)."""
@@ -88,8 +111,11 @@ def test_readme_and_guide_snippets_run_as_written(workspace, s3):
         if lang == "bash":
             for command in shell_commands(code):
                 assert command.startswith("rllib-recorder "), command
-                proc = run(substitute(command, run_dir, "gathered"), folder)
                 done.append(command.split()[1])
+                if command.startswith("rllib-recorder view"):
+                    serve_and_stop(substitute(command, run_dir, "gathered"), folder)
+                    continue
+                proc = run(substitute(command, run_dir, "gathered"), folder)
                 if command.startswith("rllib-recorder verify"):
                     assert "is sound" in proc.stdout
         elif lang == "text":  # what a command prints, not a command
@@ -107,7 +133,7 @@ def test_readme_and_guide_snippets_run_as_written(workspace, s3):
                 assert 0 < float(proc.stdout.split()[-1]) < 10, proc.stdout[-2000:]
     # every command of the Then: block, the two Python snippets, and the several-nodes block
     assert sorted(set(done)) == ["export", "gather", "info", "plot", "python", "recover", "render", "replay", "train",
-                                 "verify"]
+                                 "verify", "view"]
     assert os.path.getsize(os.path.join(folder, "best.gif")) > 0
     # README's own code, its several-nodes code (Tune and the recorder on S3), the guide's offline training and
     # export BC
@@ -139,6 +165,9 @@ def test_every_help_example_runs_as_written(workspace, recorded_breakout, tmp_pa
     assert {e.split()[1] for e in examples} == set(main.commands), examples  # every command shows one
     for i, example in enumerate(examples):
         run_here = recorded_breakout if "Breakout" in example else run_dir
+        if example.startswith("rllib-recorder view"):
+            serve_and_stop(substitute(example, run_here, str(tmp_path / f"gathered-{i}")), folder)
+            continue
         proc = run(substitute(example, run_here, str(tmp_path / f"gathered-{i}")), folder)
         if "--to mypkg.sink:consume" in example:
             assert proc.stdout.startswith("Episode "), proc.stdout[:500]

@@ -18,7 +18,8 @@ ALLOWED = {
     "record": {"format", "record"},
     "service": {"format", "record", "service"},
     "read": {"format", "read"},
-    "commands": {"format", "record", "service", "read", "commands", "callback"},
+    "commands": {"format", "record", "service", "read", "commands", "callback", "view"},
+    "view": {"read", "view"},  # the viewer is one more reader (DESIGN 11); commands/view.py hands it the rest
     "callback": {"record", "service"},
     "cli": {"commands", "read", "service"},
     "__init__": {"callback", "read"},  # the package's face, imported lazily

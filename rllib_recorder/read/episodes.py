@@ -54,6 +54,7 @@ class Fragments:
         self.learner = learner
         self.rows_per_block = int(min(BLOCK_ROWS, max(1, BLOCK_BYTES // max(row_bytes, 1))))
         self.only, self.decode = only, decode
+        self._only = set(only) if only is not None else None
         self._block: _Block | None = None  # the block read last
         self._modules: list[str] | None = None
         self._references: dict[int, bytes] = {}  # start states others are stored against, by fragment row
@@ -80,13 +81,15 @@ class Fragments:
         return self._modules
 
     def _read_from(self, i: int) -> "_Block":
-        """Reads fragment ``i`` and, streaming, the fragments after it up to a block's rows."""
+        """Reads fragment ``i`` and the fragments after it that follow it in the file (streaming; random access:
+        those asked for), up to a block's rows."""
         first, num = self.frags["first_row"], self.frags["num_rows"]
         j = i + 1
-        if self.only is None:
-            while j < len(first) and first[j] + num[j] - first[i] <= self.rows_per_block and first[j] == (
-                    first[j - 1] + num[j - 1]):
-                j += 1
+        # streaming: the fragments after it up to a block's rows; random access: those of them asked for too
+        # (an episode's fragments, stored one after the other: one read per column, not one per fragment)
+        while j < len(first) and (self._only is None or j in self._only) and \
+                first[j] + num[j] - first[i] <= self.rows_per_block and first[j] == first[j - 1] + num[j - 1]:
+            j += 1
         lo, hi = int(first[i]), int(first[j - 1] + num[j - 1])
         rows = slice(lo, hi)
         columns = {n: read_node(self.steps[n], rows, self.decode) for n in self.names}

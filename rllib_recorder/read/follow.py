@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 from rllib_recorder.errors import SchemaError
 from rllib_recorder.format.liveness import recording_now
 from rllib_recorder.format.manifest import ENDED_STATUSES, read_manifest
+from rllib_recorder.format.probe import stamp
 from rllib_recorder.read.records import Batch, Episode
 from rllib_recorder.read.worker_file import WorkerFile
 
@@ -59,6 +60,29 @@ def follow(run_dir: str, *, episodes: bool = False, poll_s: float = 0.5, timeout
             yield f.episode(eps_id, agent)
         finally:
             f.close()
+
+
+def follow_files(run_dir: str, *, poll_s: float = 0.5, timeout_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
+                 ) -> Iterator[tuple[list[str], bool]]:
+    """Yields at every poll ``(changed, ended)``: the run's worker files whose stamp (size, mtime, inode) changed
+    since the poll before (every file at the first), and whether the run has ended; the poll that finds it ended
+    is the last. Nothing is read here: a caller reopens the files it is given (an HDF5 file opened before does
+    not see rows appended since) and reads their indexes, however large the run (the viewer's live stream)."""
+    stamps: dict[str, tuple[int, int, int] | None] = {}
+    started = clock()
+    while True:
+        ended = _ended(run_dir)  # before looking: what is committed by now is all there is when it ended
+        changed = []
+        for path in sorted(glob.glob(os.path.join(glob.escape(run_dir), "*.h5"))):
+            now = stamp(path)
+            if now != stamps.get(path, ()):
+                stamps[path] = now
+                changed.append(path)
+        yield changed, ended
+        if ended or (timeout_s is not None and clock() - started > timeout_s):
+            return
+        sleep(poll_s)
 
 
 def _ended(run_dir: str) -> bool:

@@ -28,7 +28,8 @@ class Run:
         raise TypeError(f"{type(self).__name__} holds its worker files, opened lazily and can't be pickled: "
                         "send the run directory and call rllib_recorder.open_run(path) in the other process")
 
-    def __init__(self, path: str, *, filesystem: Any = None, cache_dir: str | None = None) -> None:
+    def __init__(self, path: str, *, filesystem: Any = None, cache_dir: str | None = None,
+                 skip_damaged: bool = False) -> None:
         self.uri: str | None = None  # a run at a durable target: read from its local copy
         if is_uri(path) or filesystem is not None:
             self.uri, path = path, local_copy(path, filesystem, cache_dir)
@@ -37,8 +38,21 @@ class Run:
         self.path = path
         self.manifest = read_manifest(path)
         layout.check_version(self.manifest.get("schema_version"), os.path.join(path, "manifest.json"))
-        self.files = [WorkerFile(p) for p in sorted(glob.glob(os.path.join(path, "*.h5")))]
-        probe.ensure_readable(f.path for f in self.files)  # one child for all files
+        self.files = [WorkerFile(p) for p in sorted(glob.glob(os.path.join(glob.escape(path), "*.h5")))]
+        # files the probe found damaged, set aside (``skip_damaged``): their path and why
+        self.damaged: dict[str, str] = {}
+        if skip_damaged:
+            self.files = [f for f in self.files if self._readable(f.path)]
+        else:
+            probe.ensure_readable(f.path for f in self.files)  # one child for all files
+
+    def _readable(self, path: str) -> bool:
+        try:
+            probe.ensure_readable([path])
+        except SchemaError as e:
+            self.damaged[path] = str(e)
+            return False
+        return True
 
     def __enter__(self) -> "Run":
         return self
@@ -162,8 +176,10 @@ class Run:
         return f"Run({shown!r}, files={len(self.files)}, status={self.manifest.get('status')!r})"
 
 
-def open_run(path: str, *, filesystem: Any = None, cache_dir: str | None = None) -> Run:
+def open_run(path: str, *, filesystem: Any = None, cache_dir: str | None = None, skip_damaged: bool = False) -> Run:
     """Opens a run for reading: a run directory, or a run at a durable target (``s3://bucket/prefix/run``, or a
     path in ``filesystem``, a ``pyarrow.fs.FileSystem``), whose segments are copied once into ``cache_dir``
-    (default ``~/.cache/rllib_recorder``, or ``$RLLIB_RECORDER_CACHE``)."""
-    return Run(path if is_uri(path) else os.fspath(path), filesystem=filesystem, cache_dir=cache_dir)
+    (default ``~/.cache/rllib_recorder``, or ``$RLLIB_RECORDER_CACHE``). ``skip_damaged``: a file on which HDF5
+    would loop or crash is set aside (``run.damaged`` names it and why) instead of refusing the whole run."""
+    return Run(path if is_uri(path) else os.fspath(path), filesystem=filesystem, cache_dir=cache_dir,
+               skip_damaged=skip_damaged)

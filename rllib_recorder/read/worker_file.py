@@ -240,14 +240,15 @@ class WorkerFile:
                     seen.setdefault(eps.decode(), None)
         return list(seen)
 
-    def _episode(self, eps_id: str, agent: str, index: dict[str, np.ndarray] | None = None) -> Episode:
+    def _episode(self, eps_id: str, agent: str, index: dict[str, np.ndarray] | None = None,
+                 columns: Sequence[str] | None = None) -> Episode:
         """One agent's episode, read through the episode index (``index``: the agent's, when read already)."""
         frags = self._fragments(agent) if index is None else index
         where = np.flatnonzero(frags["eps_id"] == eps_id.encode())
         if not len(where):
             raise KeyError(f"episode {eps_id!r} of agent {agent!r} is not in {self.path}")
         where = where[np.argsort(frags["t_start"][where], kind="stable")].tolist()
-        reader = episodes.Fragments(self, agent, frags, 1, only=where)
+        reader = episodes.Fragments(self, agent, frags, self.row_bytes(agent, columns), only=where, columns=columns)
         return episodes.assemble(self, eps_id, agent, frags, where, [reader.take(i) for i in where],
                                  self.learner_version_column())
 
@@ -297,11 +298,14 @@ class WorkerFile:
         with h5file.damaged_file_errors(self.path):
             return self._fragments(agent)
 
-    def episode(self, eps_id: str, agent: str, index: dict[str, np.ndarray] | None = None) -> Episode:
+    def episode(self, eps_id: str, agent: str, index: dict[str, np.ndarray] | None = None,
+                columns: Sequence[str] | None = None) -> Episode:
         """One agent's episode, read through the episode index (no scan of step data); ``index``: the agent's
-        ``fragments()``, when the caller has read it (reading many episodes: it is not read again for each)."""
+        ``fragments()``, when the caller has read it (reading many episodes: it is not read again for each);
+        ``columns``: only those read, as for ``Run.episodes`` (the viewer reads an Atari episode's values without
+        its frames)."""
         with h5file.damaged_file_errors(self.path):
-            return self._episode(eps_id, agent, index)
+            return self._episode(eps_id, agent, index, columns)
 
     def multi_agent_episode(self, eps_id: str) -> Any:
         """One multi-agent episode, all its agents, as RLlib's ``MultiAgentEpisode`` (``read.multi_agent``)."""
