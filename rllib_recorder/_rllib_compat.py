@@ -59,6 +59,26 @@ def warn_untested_ray(echo: Callable[[str], None] | None = None) -> None:
     (echo or (lambda text: print(text, file=sys.stderr)))(line)
 
 
+def ray_data_pandas_problem() -> str | None:
+    """One line when Ray Data can't hand RLlib tensor columns under the installed pandas, else None.
+
+    Ray 2.54 and earlier cast tensor columns to numpy through ``pandas.errors.SettingWithCopyWarning``, which
+    pandas 3 removed (Ray 2.55 stopped using it): RLlib's offline reads of a run then fail inside Ray Data's workers.
+    """
+    if ray_release() >= (2, 55):
+        return None
+    try:
+        import pandas
+    except ImportError:
+        return None
+    if hasattr(pandas.errors, "SettingWithCopyWarning"):
+        return None
+    import ray
+
+    return (f"ray {ray.__version__}'s Ray Data needs pandas' SettingWithCopyWarning, which pandas {pandas.__version__} "
+            "no longer has (Ray 2.55 stopped using it): pip install 'pandas<3', or a Ray from 2.55")
+
+
 def tune_dir_names(algorithm: Any) -> tuple[str | None, str | None]:
     """(experiment dir name, trial dir name) of the Tune trial running ``algorithm``; (None, None) outside Tune.
 

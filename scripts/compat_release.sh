@@ -18,8 +18,12 @@ started=$(date +%s)
 
 rm -rf "$venv"
 python -m venv "$venv"
-quiet "$venv/bin/pip" install -q torch==2.13.0 "ray[rllib]==$release"
-versions() { "$venv/bin/python" -c "import ray, gymnasium; print('ray', ray.__version__, 'gymnasium', gymnasium.__version__)"; }
+# Ray 2.54 and earlier need pandas 2 for RLlib's offline reads (pandas 3 removed what their Ray Data uses; Ray
+# 2.55 stopped using it; _rllib_compat.ray_data_pandas_problem): the environment of a user of such a Ray holds it.
+pandas=""
+if python -c "import sys; sys.exit(tuple(map(int, '$release'.split('.')[:2])) >= (2, 55))"; then pandas="pandas<3"; fi
+quiet "$venv/bin/pip" install -q torch==2.13.0 "ray[rllib]==$release" $pandas
+versions() { "$venv/bin/python" -c "import ray, gymnasium, pandas; print('ray', ray.__version__, 'gymnasium', gymnasium.__version__, 'pandas', pandas.__version__)"; }
 before=$(versions)
 if [ "$beyond_cap" = "--beyond-cap" ]; then
     quiet "$venv/bin/pip" install -q --no-deps -e "$root"
@@ -39,9 +43,9 @@ else
     "$venv/bin/python" - "$venv/report.json" <<'PY'
 import json, sys
 install = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.load(open(sys.argv[1]))["install"]}
-changed = {name: install[name] for name in ("ray", "gymnasium") if name in install}
+changed = {name: install[name] for name in ("ray", "gymnasium", "pandas") if name in install}
 assert not changed, f"pip would replace the Ray the user has: {changed}"
-print(f"pip's resolver keeps ray and gymnasium ({len(install)} packages to install)")
+print(f"pip's resolver keeps ray, gymnasium and pandas ({len(install)} packages to install)")
 PY
     quiet "$venv/bin/pip" install -q -e "$root[dev]"
 fi

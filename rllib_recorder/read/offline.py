@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from rllib_recorder._rllib_compat import ray_data_pandas_problem
 from rllib_recorder.errors import ConfigError
 from rllib_recorder.format.store import is_uri
 from rllib_recorder.read.run import open_run
@@ -35,6 +36,9 @@ def offline_input(*run_dirs: str, module_id: str | None = None, min_policy_versi
         raise ConfigError(f"batches_per_iteration must be at least 1; it is {batches_per_iteration}")
     if not run_dirs:
         raise ConfigError("offline_input needs at least one run directory, e.g. offline_input('recordings/<run>')")
+    problem = ray_data_pandas_problem()
+    if problem:
+        raise ConfigError(problem)
     for run_dir in run_dirs:
         with open_run(run_dir) as run:
             agents = {a for f in run.files_of(evaluation) for a in f.agents}
