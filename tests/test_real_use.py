@@ -126,7 +126,8 @@ def test_a_sigkilled_driver_loses_nothing_its_runners_handed_over_once_recovered
         time.sleep(random.uniform(0.0, 1.0))
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray cluster it started
-        proc.communicate()
+        out, _ = proc.communicate()
+        progress += [json.loads(line) for line in out.splitlines() if line.startswith("{")]  # printed, not read yet
         deadline = time.time() + 30
         while _session_pids(proc.pid) and time.time() < deadline:  # Ray's processes follow within seconds
             time.sleep(0.5)

@@ -98,6 +98,8 @@ def test_killed_driver_leaves_files_that_recover_makes_whole(tmp_path):
         left = _session_pids(proc.pid)
         for pid in left:
             os.kill(pid, signal.SIGKILL)
+        # what it printed before the kill and the test had not read yet: RLlib's count may have gone on
+        progress += [json.loads(line) for line in proc.stdout.read().splitlines() if line.startswith("{")]
     assert not left, f"processes of the killed driver's Ray cluster survived: {left}"
     run_dir = progress[-1]["run_dir"]
     runner = CliRunner()

@@ -17,7 +17,7 @@ from rllib_recorder.format.spool_files import SPOOL_DIR, SegmentWriter, segments
 from rllib_recorder.read.run import open_run
 from rllib_recorder.record.convert import episodes_to_chunk
 from rllib_recorder.record.outbox import Outbox
-from rllib_recorder.service.pool import SpoolWriter
+from rllib_recorder.service.pool import SpoolWriter, tick_s
 from tests.helpers import make_episode
 
 
@@ -263,8 +263,8 @@ def test_a_damaged_spool_stores_what_came_before_and_is_named(tmp_path):
 
 def test_a_writer_actor_reads_the_spool_on_its_own_and_commits_at_its_coalescing_deadline(ray_session, tmp_path):
     """Nothing calls the actor after the sample is spooled: the rows become visible on their own, before the
-    outbox closes, and the writer's own timestamps say it committed them at coalesce_s after they were sampled,
-    not before (5 rows, far under coalesce_rows)."""
+    outbox closes, and the writer's own timestamps say it committed them at coalesce_s after they were sampled
+    (at its last tick before that), not before (5 rows, far under coalesce_rows)."""
     import time
 
     import ray
@@ -290,7 +290,8 @@ def test_a_writer_actor_reads_the_spool_on_its_own_and_commits_at_its_coalescing
     assert stored_obs(run_dir).tolist() == [0, 1, 2, 3, 4]
     with h5py.File(os.path.join(run_dir, "worker-001.h5"), "r") as h5:
         sampled_at, written_at = (h5[f"batches/{name}"][0] for name in ("sampled_at_s", "written_at_s"))
-    assert written_at >= sampled_at + config.coalesce_s  # held for the deadline, then committed unasked
+    # held for the deadline (the writer commits at its last tick before it), then committed unasked
+    assert written_at >= sampled_at + config.coalesce_s - tick_s(config.coalesce_s)
     assert stats["spool_leftovers"] == {} and stats["env_steps"] == 5
     with open_run_dir(run_dir) as run:
         assert run.num_env_steps == 5

@@ -112,6 +112,9 @@ _FIELDS = {
     "env_config": _DICT, "totals": _DICT, "writer_nodes": _DICT, "recorder": _DICT,
     "versions": _DICT, "spaces": _DICT, "recovery": _DICT, "gathered_from": _DICT, "attempts": _LIST,
     "env_config_omitted": _LIST, "target": _STR, "staging_dir": _STR, "lost_nodes": _LIST,
+    # an attempt's RLlib counts (attempts[k])
+    "rllib_env_steps_sampled": _INT, "rllib_env_steps_before": _INT, "rllib_evaluation_env_steps_sampled": _INT,
+    "rllib_evaluation_env_steps_before": _INT,
 }
 
 

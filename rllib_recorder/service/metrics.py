@@ -75,13 +75,12 @@ def sum_stats(writer_stats: list[dict[str, Any]], *, run_dir: str, errors_here: 
 
 
 class RllibSampled:
-    """RLlib's count of env steps sampled since the run began: its lifetime count less what it had counted before
-    the run's first iteration.
+    """RLlib's count of env steps sampled since an attempt began: its lifetime count less what it had counted before
+    the attempt's first iteration (``offset``).
 
-    That is 0 for a new Algorithm, the checkpoint's count for one restored from a checkpoint into a new run, and on
-    Ray 2.50-2.52 the first iteration's over-count (``_rllib_compat.env_steps_sampled``). It is taken once, at the
-    first result (lifetime less that iteration's own count), and kept in the manifest so that a later attempt of
-    a Tune trial, whose RLlib count goes on from a checkpoint of this run, takes the same ``offset``.
+    That is 0 for a new Algorithm, the checkpoint's count for one restored from a checkpoint, and on Ray 2.50-2.52
+    the first iteration's over-count (``_rllib_compat.env_steps_sampled``). It is taken once, at the first result:
+    the lifetime count less that iteration's own count.
     """
 
     def __init__(self, offset: int | None = None, evaluation: bool = False) -> None:

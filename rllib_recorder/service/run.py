@@ -62,9 +62,8 @@ class AlgorithmRecorder:
         self.learner_version = -1
         self.learner_version_since = time.time()
         self.errors: Counter[str] = Counter()
-        before = (previous or {}).get("rllib_counts") or {}  # a later attempt: RLlib's count goes on from this run's
-        self.rates = Rates(sampled=RllibSampled(before.get("env_steps_before_run")))
-        self.evaluation_sampled = RllibSampled(before.get("evaluation_env_steps_before_run"), evaluation=True)
+        self.rates = Rates()  # RLlib's count of this attempt: every attempt counts from its own first iteration
+        self.evaluation_sampled = RllibSampled(evaluation=True)
         self.manifest = initial_manifest(algorithm, self.run_id, config)
         if previous is not None:
             self.manifest.update(started_at=previous.get("started_at") or self.manifest["started_at"],
@@ -172,14 +171,22 @@ class AlgorithmRecorder:
 
     def _keep_rllib_counts(self, result: dict[str, Any]) -> None:
         """RLlib's own sampled counts, kept in the manifest at every result: what ``verify`` checks the stored
-        steps against (someone else's count, not the recorder's)."""
-        counts = {"env_steps_sampled": int(self.rates.lifetime.get("env_steps_sampled") or 0),
-                  "env_steps_before_run": self.rates.sampled.offset,
-                  "training_iteration": result.get("training_iteration"), "at": now_iso()}
+        steps against (someone else's count, not the recorder's). Each attempt keeps its own (what RLlib sampled
+        since the attempt's first iteration: a Tune retry may start at 0 again, a restore at a checkpoint's count);
+        ``rllib_counts`` holds their sum over the run's attempts."""
+        attempt = self.manifest["attempts"][-1]
+        attempt["rllib_env_steps_sampled"] = int(self.rates.lifetime.get("env_steps_sampled") or 0)
+        attempt["rllib_env_steps_before"] = self.rates.sampled.offset
         evaluated = self.evaluation_sampled.update(result)
         if evaluated is not None and self.config.record_evaluation:
-            counts["evaluation_env_steps_sampled"] = evaluated
-            counts["evaluation_env_steps_before_run"] = self.evaluation_sampled.offset
+            attempt["rllib_evaluation_env_steps_sampled"] = evaluated
+            attempt["rllib_evaluation_env_steps_before"] = self.evaluation_sampled.offset
+        attempts = self.manifest["attempts"]
+        counts = {"env_steps_sampled": sum(int(a.get("rllib_env_steps_sampled") or 0) for a in attempts),
+                  "training_iteration": result.get("training_iteration"), "at": now_iso()}
+        if any("rllib_evaluation_env_steps_sampled" in a for a in attempts):
+            counts["evaluation_env_steps_sampled"] = sum(int(a.get("rllib_evaluation_env_steps_sampled") or 0)
+                                                         for a in attempts)
         self.manifest["rllib_counts"] = counts
         self.manifest["runners"] = self.watch.as_dict()
         try:  # locally only: a durable run's target gets it with the next seal and at the end
