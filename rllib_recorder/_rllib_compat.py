@@ -290,9 +290,10 @@ def before_learner_group_update(learner_group: Any, before: Callable[[dict[str, 
     """Calls ``before(kwargs)`` with the keyword arguments of every update the algorithm asks of ``learner_group``.
 
     Wraps the instance's ``LearnerGroup.update``, which every algorithm's ``training_step`` calls with keywords
-    since Ray 2.46; before, the algorithms call ``update_from_batch(batch=...)`` and
-    ``update_from_episodes(episodes=...)`` (2.46 kept them as shims that call ``update``). Remote learners can't
-    be wrapped: Ray calls their ``update`` by name on the class. Public: none.
+    since Ray 2.44; before, the algorithms call ``update_from_batch(batch=...)``, ``update_from_episodes(
+    episodes=...)`` or (the offline ones) ``_update(batch=...)``, and the first two call ``_update``: that one is
+    wrapped there. Remote learners can't be wrapped: Ray calls their ``update`` by name on the class. Private
+    before 2.44 (``LearnerGroup._update``); public: none.
     """
     def wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
         def update(*args: Any, **kwargs: Any) -> Any:
@@ -305,7 +306,7 @@ def before_learner_group_update(learner_group: Any, before: Callable[[dict[str, 
 
 
 def _learner_group_update_names() -> tuple[str, ...]:
-    return ("update",) if ray_release() >= (2, 46) else ("update_from_batch", "update_from_episodes")
+    return ("update",) if ray_release() >= (2, 44) else ("_update",)
 
 
 def ray_release() -> tuple[int, int]:
@@ -402,7 +403,7 @@ def problems() -> list[str]:
     need("self._weights_seq_no" in inspect.getsource(Learner), "Learner has no _weights_seq_no (learner_weights_seq_no)")
     need(callable(getattr(Learner, "after_gradient_based_update", None)),
          "Learner has no after_gradient_based_update (after_learner_update)")
-    updating = Learner.update if ray_release() >= (2, 46) else Learner._update_from_batch_or_episodes
+    updating = Learner.update if ray_release() >= (2, 44) else Learner._update_from_batch_or_episodes
     need("self.after_gradient_based_update(" in inspect.getsource(updating),
          f"Learner.{updating.__name__} no longer calls self.after_gradient_based_update (after_learner_update)")
     need("self._ts_dropped" in inspect.getsource(LearnerGroup),
