@@ -249,13 +249,13 @@ def test_a_file_hdf5_loops_on_gives_a_one_line_error_not_a_hang(undamaged_run, t
         f.write(bytes(64))
     _hdf5_spins_on(run_dir)  # the damage is real: unprobed, HDF5 never returns
 
-    monkeypatch.setenv("RLLIB_RECORDER_PROBE_TIMEOUT_S", "3")
+    monkeypatch.setenv("RLLIB_RECORDER_PROBE_TIMEOUT_S", "2")
     for command in ([c, run_dir] for c in ("info", "verify", "recover", "replay")):
         result = CliRunner().invoke(main, command)  # ended by the probe's timeout (pytest's ends a hang)
         assert result.exit_code == 2, (command, result.output)
         lines = result.output.strip().splitlines()
         assert len(lines) == 1 and "worker-001.h5 is damaged: HDF5 made no progress" in lines[0], result.output
-    with pytest.raises(RecorderError, match="made no progress reading its structure for 3 s"):
+    with pytest.raises(RecorderError, match="made no progress reading its structure for 2 s"):
         with open_run(run_dir) as run:
             sum(len(e) for e in run.episodes())
     assert open(path, "rb").read(2112)[2048:] == bytes(64)  # nothing rewrote or removed the file
@@ -272,7 +272,7 @@ print("returned", flush=True)
 """
 
 
-def _hdf5_spins_on(run_dir: str, cpu_s: float = 5.0) -> None:
+def _hdf5_spins_on(run_dir: str, cpu_s: float = 3.0) -> None:
     """Shows that HDF5, reading ``run_dir`` unprobed, never returns: the child reads its line 'inside' once it has
     imported everything and enters the read, then burns ``cpu_s`` of CPU time without returning (a slow start on a
     loaded machine burns no CPU of the child's after 'inside'; a read that returns prints 'returned')."""
