@@ -15,8 +15,9 @@ import os
 import sys
 from typing import Any, Callable, Iterator
 
-# The Ray releases the compatibility job proves (pyproject.toml declares the same range): every access below was
-# read from each of their wheels, and each difference between them is handled where it is read, naming the release.
+# The range of Ray releases the recorder is tested with (pyproject.toml declares the same): the whole suite runs on
+# the newest, the compatibility job on 2.41.0, 2.50.1 and 2.54.1 (.ci/compat). Each difference between releases
+# that the released wheels' sources or those runs showed is handled where it is read, naming the release.
 OLDEST_TESTED, NEWEST_TESTED = "2.41.0", "2.60.0"
 TESTED_RANGE = ">=2.41,<2.61"
 ANY_RAY_ENV = "RLLIB_RECORDER_ANY_RAY"  # set (to anything but 0): no warning outside the tested range

@@ -418,8 +418,8 @@ def test_a_tune_trial_retried_on_another_node_records_on_into_its_run_at_the_tar
     """A Tune trial recording into durable storage fails (its env raises) and Tune retries it on a node that never
     staged the run (here: its staging directory deleted before the retry). The retry fetches the run's manifest and
     each runner's index from the target and records on: one run, two attempts, the stream's segments numbered on,
-    nothing overwritten; every step of both attempts stored, but for the failed attempt's unsealed tail, which
-    verify names as an unexplained gap by RLlib's count of each attempt."""
+    nothing overwritten; every step of both attempts stored, but for the failed attempt's unsealed tail (if any),
+    which verify names as an unexplained gap by RLlib's count of each attempt."""
     import shutil
 
     from ray import tune
@@ -467,11 +467,12 @@ def test_a_tune_trial_retried_on_another_node_records_on_into_its_run_at_the_tar
         lost = sum(sum(a.lost.values()) for a in accounts(run.manifest, run.files))
     # RLlib's count of both attempts, every iteration Tune got from either: stored, or named as not stored
     rllib = counted.sampled[result.metrics["trial_id"]]
-    assert gap > 0 and run.manifest["rllib_counts"]["env_steps_sampled"] == rllib
+    assert run.manifest["rllib_counts"]["env_steps_sampled"] == rllib  # both attempts' counts, at the target
     check_run(run_dir, sampled=rllib, not_stored=lost + gap, allow_gaps=True)
-    from rllib_recorder.commands.verify import verify_report
+    if gap:  # a tail the failed attempt had not sealed (none, when its last seal came after its last sample)
+        from rllib_recorder.commands.verify import verify_report
 
-    assert any(f"unexplained gap: {gap} env steps" in p for p in verify_report(run_dir)["problems"])
+        assert any(f"unexplained gap: {gap} env steps" in p for p in verify_report(run_dir)["problems"])
 
 
 def test_the_store_down_at_stop_ends_within_its_bound_in_one_line_and_recover_publish_completes_the_run(

@@ -35,6 +35,9 @@ from rllib_recorder.service.run_dir import config_is_new_stack, initial_manifest
 
 logger = logging.getLogger(__name__)
 
+# After the store refused the manifest at a result, results go on without uploading it for this long.
+MANIFEST_RETRY_S = 30.0
+
 
 class AlgorithmRecorder:
     """Everything the recorder does in the algorithm's process, for one run."""
@@ -59,6 +62,8 @@ class AlgorithmRecorder:
         self.run_id = previous["run_id"] if previous else uuid.uuid4().hex[:16]
         self.attempt = len(previous["attempts"]) if previous else 0
         self.closed = False
+        self._counts_retry_at = 0.0  # monotonic seconds: when a failed upload of RLlib's counts is tried again
+        self._upload_errors_seen = 0  # the writers' failed segment uploads, as of the last result
         self.learner_version = -1
         self.learner_version_since = time.time()
         self.errors: Counter[str] = Counter()
@@ -189,11 +194,31 @@ class AlgorithmRecorder:
                                                          for a in attempts)
         self.manifest["rllib_counts"] = counts
         self.manifest["runners"] = self.watch.as_dict()
-        try:  # locally only: a durable run's target gets it with the next seal and at the end
+        try:
             write_manifest(self.run_dir, self.manifest)
         except OSError as e:
             self.errors["manifest"] += 1
             logger.warning("rllib_recorder: writing the manifest failed: %s", e)
+        self._upload_counts(result.get("recorder") or {})
+
+    def _upload_counts(self, recorder: dict[str, Any]) -> None:
+        """A durable run's target gets the manifest with RLlib's counts at every result while the store answers:
+        a Tune retry on another node, or verify at the URI after the driver or its node was lost, checks against
+        them (the counts of an attempt that never ended reached the target no other way). While the store is
+        down (segment uploads failed since the last result, or this upload less than MANIFEST_RETRY_S ago) a result does
+        not wait for it: the end of the run, or the store's return, puts it."""
+        failing = int(recorder.get("upload_errors") or 0) > self._upload_errors_seen  # segments' uploads failed since
+        self._upload_errors_seen = int(recorder.get("upload_errors") or 0)
+        if self.target is None or failing or time.monotonic() < self._counts_retry_at:
+            return
+        try:
+            self.target.put_bytes(json_bytes(self.manifest), "manifest.json")
+        except Exception as e:  # noqa: BLE001 - the store's errors vary; the local manifest stays the truth
+            # counted, not logged: the store's outage shows in result['recorder'] (upload errors, the last one),
+            # and its end-of-run consequence is said once, at stop (``_publish_pending``)
+            self.errors["manifest_upload"] += 1
+            self._counts_retry_at = time.monotonic() + MANIFEST_RETRY_S
+            logger.debug("rllib_recorder: writing the manifest to %s failed: %s", self.target.uri_of(""), e)
 
     def metrics(self, writer_stats: list[dict[str, Any]], result: dict[str, Any] | None = None) -> dict[str, Any]:
         """Sums writer and env-runner counters into one flat dict of recorder metrics (with the rates since the
