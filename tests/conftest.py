@@ -30,9 +30,10 @@ def ray_session():
     ray.shutdown()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def s3(tmp_path_factory):
-    """A real S3-compatible server (SeaweedFS) on 127.0.0.1 for a module's tests (tests/s3server.py)."""
+    """A real S3-compatible server (SeaweedFS) on 127.0.0.1 for the session's tests (tests/s3server.py); each test
+    writes under prefixes of its own."""
     from tests.s3server import S3Server
 
     server = S3Server(str(tmp_path_factory.mktemp("s3")))

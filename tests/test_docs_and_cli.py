@@ -13,7 +13,6 @@ from click.testing import CliRunner
 
 from rllib_recorder.cli import main
 from rllib_recorder.format import layout
-from rllib_recorder.read.run import open_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -76,43 +75,9 @@ TINY_YAML = ("tiny:\n  run: PPO\n  env: CartPole-v1\n  stop: {training_iteration
              "  recorder: {num_writers: 1}\n")
 
 
-def _train(tmp_path, *extra):
-    (tmp_path / "tiny.yaml").write_text(TINY_YAML)
-    return subprocess.run(
-        [sys.executable, "-m", "rllib_recorder.cli", "train", "tiny.yaml", "--output-dir", "out", "--num-cpus", "2",
-         *extra], capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
-    )
-
-
-def test_train_shows_progress_and_a_summary_not_a_wall_of_logs(tmp_path):
-    proc = _train(tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = proc.stdout.splitlines()
-    # quiet by default: no Ray/RLlib/Tune logs, warnings or tables, on either stream
-    assert proc.stderr == "", proc.stderr[-3000:]
-    for noise in ("WARNING", "core_worker", "Trial status", "╭", "DeprecationWarning", "UserWarning"):
-        assert noise not in proc.stdout, (noise, proc.stdout)
-    assert len(lines) < 20, proc.stdout
-    assert lines[0] == "training PPO on CartPole-v1 until training_iteration 2; recording into out/tiny"
-    # in a pipe: one line per result (iteration, env steps, stored, bytes, sampler wait, errors)
-    progress = [line for line in lines if " iter " in line]
-    assert [re.search(r"iter (\S+)", line).group(1) for line in progress] == ["1/2", "2/2"], proc.stdout
-    assert all("env steps 200" in progress[0] and "errors 0" in line for line in progress), proc.stdout
-    run_dir = re.search(r"recorded run: (\S+)", proc.stdout).group(1)
-    assert run_dir.startswith("out/tiny/PPO_CartPole-v1_")  # where the user ran it, as documented
-    run_dir = str(tmp_path / run_dir)
-    summary = lines[lines.index(next(line for line in lines if line.startswith("recorded run: "))) + 1:]
-    assert summary[0].strip().startswith("finished: 400 env steps, "), proc.stdout
-    assert summary[1].strip() == "verify: sound: all 400 sampled env steps stored (1 env runner incarnation(s))"
-    assert summary[2] == "next:" and f"rllib-recorder info {os.path.relpath(run_dir, tmp_path)}" in summary[4]
-    result = CliRunner().invoke(main, ["verify", run_dir])
-    assert result.exit_code == 0, result.output
-    with open_run(run_dir) as run:
-        assert run.manifest["env"] == "CartPole-v1" and run.num_env_steps == 400
-
-
 def test_train_verbose_shows_rays_own_output(ray_session, tmp_path, monkeypatch):
-    """In this process, on the session's Ray (the quiet default is checked in a process of its own above)."""
+    """In this process, on the session's Ray (the quiet default is checked on the README's quick start, as a user
+    runs it: tests/test_readme.py)."""
     (tmp_path / "tiny.yaml").write_text(TINY_YAML)
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(main, ["train", "tiny.yaml", "--output-dir", "out", "--verbose", "--stop-iters", "1"])

@@ -166,13 +166,13 @@ def test_the_guides_corpus_table_holds_what_the_check_says():
 
 # A handful of the corpus trains for one iteration, small overrides only (as the guide shows): each run recorded
 # and verified. (file, extra arguments, YAML text replaced to keep the iteration small on 2 CPUs; the grid's six
-# trials sample in their own process, with no env-runner actor to start each time)
+# trials sample in their own process, with no env-runner actor to start each time). An asynchronous algorithm
+# through Tune is IMPALA's multi-agent file here (APPO is IMPALA's subclass; APPO alone is checked against RLlib's
+# count in test_errors_and_tune.py).
 TRAINED = {
     "ppo/cartpole-ppo.yaml": ([], {}),  # the old API stack
     "ppo/cartpole-ppo-grid-search-example.yaml": (["--rename-old-keys", "--num-env-runners", "0"], {
         "        num_env_runners: 2\n": "        num_env_runners: 2\n        train_batch_size: 512\n"}),
-    "appo/cartpole-appo.yaml": ([], {  # the learner in the trial's process: 2 CPUs hold a trial then
-        "        num_gpus: 0\n": "        num_gpus: 0\n        num_learners: 0\n"}),
     "dqn/cartpole-dqn.yaml": ([], {}),
     "impala/multi-agent-cartpole-impala.yaml": ([], {"        num_gpus: 0\n": "        num_gpus: 0\n        num_learners: 0\n"}),
 }
