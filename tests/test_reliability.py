@@ -252,13 +252,13 @@ def test_a_file_hdf5_loops_on_gives_a_one_line_error_not_a_hang(undamaged_run, t
         f.write(bytes(64))
     _hdf5_spins_on(run_dir)  # the damage is real: unprobed, HDF5 never returns
 
-    monkeypatch.setenv("RLLIB_RECORDER_PROBE_TIMEOUT_S", "2")
+    monkeypatch.setenv("RLLIB_RECORDER_PROBE_TIMEOUT_S", "1")
     for command in ([c, run_dir] for c in ("info", "verify", "recover", "replay")):
         result = CliRunner().invoke(main, command)  # ended by the probe's timeout (pytest's ends a hang)
         assert result.exit_code == 2, (command, result.output)
         lines = result.output.strip().splitlines()
         assert len(lines) == 1 and "worker-001.h5 is damaged: HDF5 made no progress" in lines[0], result.output
-    with pytest.raises(RecorderError, match="made no progress reading its structure for 2 s"):
+    with pytest.raises(RecorderError, match="made no progress reading its structure for 1 s"):
         with open_run(run_dir) as run:
             sum(len(e) for e in run.episodes())
     assert open(path, "rb").read(2112)[2048:] == bytes(64)  # nothing rewrote or removed the file
@@ -331,7 +331,7 @@ def test_a_file_its_writer_closed_is_read_unprobed_and_damage_after_that_is_stil
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert os.stat(path).st_size == st.st_size and os.stat(path).st_mtime_ns == st.st_mtime_ns
     assert not sound_files.known_sound(path)
-    monkeypatch.setenv("RLLIB_RECORDER_PROBE_TIMEOUT_S", "2")
+    monkeypatch.setenv("RLLIB_RECORDER_PROBE_TIMEOUT_S", "1")
     result = CliRunner().invoke(main, ["info", run_dir])
     assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
     assert "worker-001.h5 is damaged: HDF5 made no progress" in result.output
