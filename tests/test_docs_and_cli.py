@@ -70,21 +70,6 @@ def test_bad_paths_give_one_line_errors_and_exit_2(tmp_path):
         assert "Traceback" not in result.output
 
 
-TINY_YAML = ("tiny:\n  run: PPO\n  env: CartPole-v1\n  stop: {training_iteration: 2}\n"
-             "  config: {num_env_runners: 1, train_batch_size: 200, minibatch_size: 100, num_epochs: 1}\n"
-             "  recorder: {num_writers: 1}\n")
-
-
-def test_train_verbose_shows_rays_own_output(ray_session, tmp_path, monkeypatch):
-    """In this process, on the session's Ray (the quiet default is checked on the README's quick start, as a user
-    runs it: tests/test_readme.py)."""
-    (tmp_path / "tiny.yaml").write_text(TINY_YAML)
-    monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(main, ["train", "tiny.yaml", "--output-dir", "out", "--verbose", "--stop-iters", "1"])
-    assert result.exit_code == 0, result.output[-3000:]
-    assert "Trial status" in result.stdout and "recorded run: out/tiny/" in result.stdout, result.stdout[-3000:]
-
-
 def test_long_commands_show_a_progress_bar_on_a_terminal(recorded_cartpole):
     import pty
 

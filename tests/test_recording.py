@@ -200,8 +200,10 @@ def test_synchronous_ppo_shows_policy_lag_zero_on_every_step(new_stack_run):
 )
 def test_recorded_runs_read_back_exactly(ray_session, tmp_path, obs_kind, old_stack, multi_agent):
     env = "counting_ma" if multi_agent else "counting"
+    # the other spaces on one env runner (two runners' files: the vector cases and every_step_... above)
     run_dir, results, logged = record(
-        ppo(env, obs_kind, old_stack=old_stack, multi_agent=multi_agent), tmp_path, iterations=2
+        ppo(env, obs_kind, runners=2 if obs_kind == "vector" else 1, old_stack=old_stack, multi_agent=multi_agent),
+        tmp_path, iterations=2
     )
     counts = check_run(run_dir, obs_kind, multi_agent=multi_agent, sampled=rllib_sampled(results))
     if multi_agent and not old_stack:  # RLlib's count per agent too

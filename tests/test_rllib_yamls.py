@@ -174,7 +174,7 @@ TRAINED = {
     "ppo/cartpole-ppo-grid-search-example.yaml": (["--rename-old-keys", "--num-env-runners", "0"], {
         "        num_env_runners: 2\n": "        num_env_runners: 2\n        train_batch_size: 512\n",
         "[128, 256, 512]": "[256, 512]"}),  # a grid of 2 x 2 trials, not 2 x 3
-    "dqn/cartpole-dqn.yaml": ([], {}),
+    "dqn/cartpole-dqn.yaml": (["--verbose"], {}),  # and train --verbose: Ray's, RLlib's and Tune's own output
     "impala/multi-agent-cartpole-impala.yaml": ([], {"        num_gpus: 0\n": "        num_gpus: 0\n        num_learners: 0\n"}),
 }
 
@@ -198,5 +198,7 @@ def test_a_handful_of_the_corpus_trains_one_iteration_records_and_verifies(ray_s
     runs = int(re.search(r"trained and recorded (\d+) run", result.stdout).group(1))
     assert runs == (4 if "grid" in name else 1), result.stdout  # the grid: 2 x 2 trials, each recorded
     assert result.stdout.count("verify: sound: all ") == runs, result.stdout
+    if "--verbose" in extra:  # Tune's own table beside the summary (the quiet default: tests/test_readme.py)
+        assert "Trial status" in result.stdout and "recorded run: " in result.stdout, result.stdout[-3000:]
     if "grid" in name:  # the old names taken as the new ones, the grid handed to Tune
         assert "num_epochs=4" in result.stdout and "minibatch_size=512" in result.stdout, result.stdout

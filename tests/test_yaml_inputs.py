@@ -110,10 +110,10 @@ def _assert_one_line_error(proc, before, after, message):
     assert after == before  # no recordings dir, no Tune dir, no Ray session dir, no PWNED
 
 
-# The issue's cases (and a few more) as real child processes; the rest through click's runner in this process.
-CHILD = ["syntax_error", "not_utf8", "list_at_top", "recorder_a_list", "unknown_recorder_setting", "unknown_algorithm",
-         "unknown_rllib_setting", "unknown_env", "env_config_a_string", "stop_a_list", "stop_value_text",
-         "python_tag", "env_os_system", "rllib_refuses_a_value",
+# A few as real child processes (the first thing a user meets, the two that would run or import something, one
+# RLlib itself refuses, and one that needs a fresh process); the rest through click's runner in this process,
+# where ray.init and Tune are made to fail if anything reaches them.
+CHILD = ["syntax_error", "python_tag", "env_os_system", "rllib_refuses_a_value",
          "ale_id_without_module"]  # in a fresh process: here ale_py may have registered its ids already
 
 
@@ -123,8 +123,9 @@ def test_train_on_a_bad_yaml_says_one_line_and_exits_2_before_anything(tmp_path,
     _assert_one_line_error(*_train(tmp_path, data), message)
 
 
-@pytest.mark.parametrize("name", sorted(set(BAD) - set(CHILD)))
-def test_train_in_process_on_a_bad_yaml_says_one_line_and_never_starts_ray(tmp_path, monkeypatch, name):
+def _train_in_process(tmp_path, monkeypatch, data):
+    """``train exp.yaml`` through click's runner in tmp_path, where ray.init and Tune fail if anything reaches them;
+    asserts one ``error:`` line and exit 2, and returns that line."""
     import ray
     import ray.tune
     from click.testing import CliRunner
@@ -137,34 +138,40 @@ def test_train_in_process_on_a_bad_yaml_says_one_line_and_never_starts_ray(tmp_p
     monkeypatch.setattr(ray, "init", no_ray)
     monkeypatch.setattr(ray.tune, "Tuner", no_ray)  # the test session's Ray may be up already
     monkeypatch.chdir(tmp_path)
-    data, message = BAD[name]
     (tmp_path / "exp.yaml").write_bytes(data if isinstance(data, bytes) else data.encode())
     result = CliRunner().invoke(main, ["train", "exp.yaml"])
     assert result.exit_code == 2, (result.output, result.exception)
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
-    assert not result.stdout and _listing(tmp_path) == ["exp.yaml"]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and not result.stdout, result.stderr
+    return lines[0]
 
 
-def test_train_on_a_missing_file_says_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "rllib_recorder.cli", "train", "nope.yaml"], capture_output=True,
-                          text=True, timeout=120, cwd=str(tmp_path))
-    _assert_one_line_error(proc, [], _listing(tmp_path), "cannot read 'nope.yaml'")
+@pytest.mark.parametrize("name", sorted(set(BAD) - set(CHILD)))
+def test_train_in_process_on_a_bad_yaml_says_one_line_and_never_starts_ray(tmp_path, monkeypatch, name):
+    data, message = BAD[name]
+    assert message in _train_in_process(tmp_path, monkeypatch, data)
+    assert _listing(tmp_path) == ["exp.yaml"]
 
 
 def test_train_checks_the_command_line_overrides_too(tmp_path):
     _assert_one_line_error(*_train(tmp_path, GOOD, "--output-dir", ""), "invalid recorder setting output_dir=''")
 
 
-def test_an_env_module_not_listed_in_register_is_never_imported(tmp_path):
-    (tmp_path / f"{hostile_yaml.SENTINEL}.py").write_text(hostile_yaml.SENTINEL_SOURCE)
-    for env in (f"{hostile_yaml.SENTINEL}:Env", f"{hostile_yaml.SENTINEL}.Env", f"{hostile_yaml.SENTINEL}:Env-v0"):
-        _assert_one_line_error(*_train(tmp_path, f"x:\n  run: PPO\n  env: {env}\n"),
-                               f"would import module '{hostile_yaml.SENTINEL}'")
-        (tmp_path / "temp").rmdir()
-    _assert_one_line_error(*_train(tmp_path, GOOD + f"  config: {{callbacks: {hostile_yaml.SENTINEL}.Callbacks}}\n"),
-                           "would be imported by RLlib")
-    assert not (tmp_path / hostile_yaml.SENTINEL_MARK).exists()
+def test_an_env_module_not_listed_in_register_is_never_imported(tmp_path, monkeypatch):
+    sentinel = hostile_yaml.SENTINEL
+    (tmp_path / f"{sentinel}.py").write_text(hostile_yaml.SENTINEL_SOURCE)
+    # as a user runs it, in a child process whose working directory holds the module
+    _assert_one_line_error(*_train(tmp_path, f"x:\n  run: PPO\n  env: {sentinel}:Env\n"),
+                           f"would import module '{sentinel}'")
+    (tmp_path / "temp").rmdir()
+    # the other spellings in this process, the module importable from here too
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    for data, message in ((f"x:\n  run: PPO\n  env: {sentinel}.Env\n", f"would import module '{sentinel}'"),
+                          (f"x:\n  run: PPO\n  env: {sentinel}:Env-v0\n", f"would import module '{sentinel}'"),
+                          (GOOD + f"  config: {{callbacks: {sentinel}.Callbacks}}\n", "would be imported by RLlib")):
+        assert message in _train_in_process(tmp_path, monkeypatch, data)
+    assert sentinel not in sys.modules and not (tmp_path / hostile_yaml.SENTINEL_MARK).exists()
 
 
 def test_a_module_the_file_lists_in_register_is_imported(tmp_path, monkeypatch):
