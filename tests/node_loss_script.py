@@ -17,8 +17,8 @@ from ray.cluster_utils import Cluster
 from ray.tune.registry import register_env
 
 from rllib_recorder import RecorderCallback
-from rllib_recorder.format import layout, store
-from tests.envs import CountingEnv
+from rllib_recorder.format import layout, segments, store
+from tests.envs import CountingEnv, logged_steps
 from tests.test_recording import ppo
 
 
@@ -27,8 +27,9 @@ def runner_nodes(algo) -> dict[int, str]:
         lambda r: (r.worker_index, ray.get_runtime_context().get_node_id()), local_env_runner=False))
 
 
-def _index_segments(target, stem: str) -> str:
-    """The segments the stream's index at the target names now."""
+def _index_segments(target, stem: str) -> tuple[list[str], int]:
+    """The segments the stream's index at the target names now, and the env steps they hold (the newest record's
+    stream totals)."""
     import tempfile
 
     import h5py
@@ -36,7 +37,8 @@ def _index_segments(target, stem: str) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         target.get(f"{stem}.h5", os.path.join(tmp, "index.h5"))
         with h5py.File(os.path.join(tmp, "index.h5"), "r") as h5:
-            return json.dumps([s["name"] for s in json.loads(h5.attrs["segments"])["segments"]])
+            records = json.loads(h5.attrs["segments"])["segments"]
+    return [r["name"] for r in records], int(records[-1]["totals"]["env_steps"]) if records else 0
 
 
 def _live_batches(path: str) -> int:
@@ -88,8 +90,12 @@ def main(uri: str, staging: str) -> dict:
     # until the node has a segment at the target, and rows committed since its last seal (its tail)
     while len(results) < 40 and (len(results) < 4 or target.size(f"{stem}.h5") is None or not tail()):
         results.append(algo.train())
-    sealed_before = json.loads(_index_segments(target, stem))
     tail_steps = _live_steps(os.path.join(run_dir, f"{stem}.h5"))  # rows committed since its last seal
+    # and what it sealed but had not uploaded yet (a loaded machine lets a segment wait for its upload)
+    pending_steps = sum(_live_steps(path) for path in segments.sealed(run_dir, stem))
+    sealed_before, uploaded_steps = _index_segments(target, stem)
+    # the bound on the loss: what the node's runner took (the env's own log) less what is at the target
+    not_uploaded = sum(n for (worker, _), n in logged_steps(step_log).items() if worker == 1) - uploaded_steps
     cluster.remove_node(lost)
     # its disk goes with it: the live file, its sealed segments not yet uploaded, the spool
     deleted = [p for p in (os.path.join(run_dir, f"{stem}.h5"), os.path.join(run_dir, ".segments", stem),
@@ -104,7 +110,7 @@ def main(uri: str, staging: str) -> dict:
     algo.stop()
     return {"uri": store.uri_join(uri, "lossy"), "lost_node": first[1], "lost_stem": stem,
             "sealed_before_loss": sealed_before, "deleted": [os.path.relpath(p, run_dir) for p in deleted],
-            "tail_steps": tail_steps, "step_log": os.path.abspath(step_log),
+            "tail_steps": tail_steps, "pending_steps": pending_steps, "not_uploaded": not_uploaded, "step_log": os.path.abspath(step_log),
             "sampled": results[-1]["env_runners"]["num_env_steps_sampled_lifetime"],
             "restarts": results[-1]["fault_tolerance"]["num_remote_worker_restarts"]}
 

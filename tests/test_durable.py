@@ -297,17 +297,20 @@ def test_an_index_whose_segment_is_gone_is_one_line_not_zeros(ray_session, tmp_p
 
 
 @pytest.mark.multinode
-def test_a_node_removed_mid_run_loses_at_most_its_unsealed_tail_and_verify_names_it(s3, tmp_path):
+def test_a_node_removed_mid_run_loses_at_most_what_it_had_not_uploaded_and_verify_names_it(s3, tmp_path):
     """A node of a real ray.cluster_utils.Cluster leaves mid-run (as the autoscaler removes one) and its staging
-    directory is deleted: every segment it sealed before is at the target and verifies; the steps it held unsealed
-    are named as lost with that node; the other runner, and the runner recreated on a new node, lose nothing."""
+    directory is deleted: every segment it had uploaded is at the target and verifies; the steps it held unsealed,
+    or sealed but not yet uploaded, are named as lost with that node, and no more; the other runner, and the runner
+    recreated on a new node, lose nothing."""
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "node_loss_script.py"), s3.uri("runs/cluster"),
                            str(tmp_path / "staging")], capture_output=True, text=True, timeout=400, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-2000:]
     facts = json.loads(proc.stdout.strip().splitlines()[-1])
     assert facts["restarts"] >= 1 and facts["sealed_before_loss"], facts
     with open_run(facts["uri"], cache_dir=str(tmp_path / "cache")) as run:
-        assert run.manifest["lost_nodes"] == [facts["lost_node"]]
+        assert run.manifest["lost_nodes"] == [facts["lost_node"]], (  # said whole: seen once with a second node
+            run.manifest["lost_nodes"], facts, run.manifest.get("writer_nodes"), run.manifest.get("totals"),
+            proc.stderr[-3000:])
         lost = next(f for f in run.files if os.path.basename(f.path) == facts["lost_stem"] + ".h5")
         names = [s["name"] for s in segments.segment_list(lost.h5)]
         assert names[:len(facts["sealed_before_loss"])] == facts["sealed_before_loss"]  # sealed before: all there
@@ -320,8 +323,12 @@ def test_a_node_removed_mid_run_loses_at_most_its_unsealed_tail_and_verify_names
     named = [n for n in report["notes"] if "lost with its node" in n]
     assert len(named) == 1 and named[0].startswith(facts["lost_stem"] + "/"), report["notes"]
     lost_steps = int(named[0].split(": ")[1].split(" of ")[0])
-    # the bound: at most what the lost node held since its last seal
-    assert 0 < lost_steps <= facts["tail_steps"], (lost_steps, facts["tail_steps"])
+    # the bound: at most what the lost node had not uploaded (its runner's steps by the env's own log, less the
+    # steps at the target): its rows since its last seal, any sealed segment still waiting for its upload, and
+    # what its spool held
+    assert 0 < lost_steps <= facts["not_uploaded"], (lost_steps, facts)
+    print(f"\nfigure: node loss: {lost_steps} steps lost with the node, of {facts['not_uploaded']} not uploaded "
+          f"({facts['tail_steps']} unsealed, {facts['pending_steps']} sealed and waiting for their upload)")
     # the env's own log, per runner: runner 2 stored exactly; runner 1 (both incarnations) stored all but what
     # was lost with its node; and all of it RLlib's count
     logged = logged_steps(facts["step_log"])
