@@ -110,7 +110,8 @@ def main(uri: str, staging: str) -> dict:
     algo.stop()
     return {"uri": store.uri_join(uri, "lossy"), "lost_node": first[1], "lost_stem": stem,
             "sealed_before_loss": sealed_before, "deleted": [os.path.relpath(p, run_dir) for p in deleted],
-            "tail_steps": tail_steps, "pending_steps": pending_steps, "not_uploaded": not_uploaded, "step_log": os.path.abspath(step_log),
+            "tail_steps": tail_steps, "pending_steps": pending_steps, "not_uploaded": not_uploaded,
+            "step_log": os.path.abspath(step_log),
             "sampled": results[-1]["env_runners"]["num_env_steps_sampled_lifetime"],
             "restarts": results[-1]["fault_tolerance"]["num_remote_worker_restarts"]}
 
