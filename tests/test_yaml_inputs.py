@@ -153,6 +153,12 @@ def test_train_in_process_on_a_bad_yaml_says_one_line_and_never_starts_ray(tmp_p
     assert _listing(tmp_path) == ["exp.yaml"]
 
 
+def test_train_on_a_missing_file_says_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "rllib_recorder.cli", "train", "nope.yaml"], capture_output=True,
+                          text=True, timeout=120, cwd=str(tmp_path))
+    _assert_one_line_error(proc, [], _listing(tmp_path), "cannot read 'nope.yaml'")
+
+
 def test_train_checks_the_command_line_overrides_too(tmp_path):
     _assert_one_line_error(*_train(tmp_path, GOOD, "--output-dir", ""), "invalid recorder setting output_dir=''")
 
