@@ -125,6 +125,16 @@ def substitute(command: str, run_dir: str, target: str, s3: S3Server | None = No
     return command
 
 
+def check_output(command: str, proc: subprocess.CompletedProcess) -> None:
+    """What a documented command, run as written, must print, wherever it is documented."""
+    if command.startswith("rllib-recorder replay") and "--check" in command:
+        assert "all match" in proc.stdout, proc.stdout
+    if command.startswith("rllib-recorder train") and "--check" in command:
+        assert proc.stdout.startswith("ok: configs/cartpole-ppo.yaml"), proc.stdout
+    if command.split()[1] in ("verify", "recover", "replay", "export", "gather", "info"):
+        assert proc.stderr == "", (command, proc.stderr)  # in a pipe: no progress bar, nothing extra
+
+
 # The README's and the guide's commands that ran as written (before any placeholder was filled): a help example
 # that is one of them word for word has run already, and is not run again.
 RAN_AS_WRITTEN: set[str] = set()
@@ -146,12 +156,7 @@ def test_readme_and_guide_snippets_run_as_written(workspace, s3):
                 proc = run(substitute(command, run_dir, "gathered"), folder)
                 if command.startswith("rllib-recorder verify"):
                     assert "is sound" in proc.stdout
-                if command.startswith("rllib-recorder replay") and "--check" in command:
-                    assert "all match" in proc.stdout, proc.stdout
-                if command.startswith("rllib-recorder train") and "--check" in command:
-                    assert proc.stdout.startswith("ok: configs/cartpole-ppo.yaml"), proc.stdout
-                if command.split()[1] in ("verify", "recover", "replay", "export", "gather", "info"):
-                    assert proc.stderr == "", (command, proc.stderr)  # in a pipe: no progress bar, nothing extra
+                check_output(command, proc)
                 RAN_AS_WRITTEN.add(command)
         elif lang == "text":  # what a command prints, not a command
             continue
@@ -208,11 +213,6 @@ def test_every_help_example_runs_as_written(workspace, recorded_breakout, tmp_pa
         proc = run(substitute(example, run_here, str(tmp_path / f"gathered-{i}")), folder)
         if "--to mypkg.sink:consume" in example:
             assert proc.stdout.startswith("Episode "), proc.stdout[:500]
-        if example.startswith("rllib-recorder replay") and "--check" in example:
-            assert "all match" in proc.stdout, proc.stdout
-        if example.startswith("rllib-recorder train") and "--check" in example:
-            assert proc.stdout.startswith("ok: configs/cartpole-ppo.yaml"), proc.stdout
         if example.startswith("rllib-recorder render"):
             assert os.path.getsize(os.path.join(folder, example.split("-o ")[1].split()[0])) > 0, proc.stdout
-        if example.split()[1] in ("verify", "recover", "replay", "export", "gather", "info"):
-            assert proc.stderr == "", (example, proc.stderr)  # in a pipe: no progress bar, nothing extra
+        check_output(example, proc)

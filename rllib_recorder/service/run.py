@@ -205,10 +205,11 @@ class AlgorithmRecorder:
         """A durable run's target gets the manifest with RLlib's counts at every result while the store answers:
         a Tune retry on another node, or verify at the URI after the driver or its node was lost, checks against
         them (the counts of an attempt that never ended reached the target no other way). While the store is
-        down (segment uploads failed since the last result, or this upload less than MANIFEST_RETRY_S ago) a result does
-        not wait for it: the end of the run, or the store's return, puts it."""
-        failing = int(recorder.get("upload_errors") or 0) > self._upload_errors_seen  # segments' uploads failed since
-        self._upload_errors_seen = int(recorder.get("upload_errors") or 0)
+        down (segment uploads failed since the last result, or this upload less than MANIFEST_RETRY_S ago) a
+        result does not wait for it: the end of the run, or the store's return, puts it."""
+        upload_errors = int(recorder.get("upload_errors") or 0)
+        failing = upload_errors > self._upload_errors_seen  # segments' uploads failed since the last result
+        self._upload_errors_seen = upload_errors
         if self.target is None or failing or time.monotonic() < self._counts_retry_at:
             return
         try:
