@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 
@@ -78,6 +80,22 @@ def damage(data: bytes, kind: str, at: int, size: int, rng) -> bytes:
     else:
         out = bytearray(rng.randbytes(max(1, at)))
     return bytes(out)
+
+
+@contextlib.contextmanager
+def own_cluster_env():
+    """The environment of a child that starts a ``ray.cluster_utils.Cluster``: a Ray temp dir of its own (short, for
+    Ray's socket paths), removed afterwards. A Cluster writes its address to ``<temp dir>/ray/ray_current_cluster``,
+    where every plain ``ray.init()`` on the machine would join it, a user program of another test meanwhile too."""
+    import os
+    import shutil
+    import tempfile
+
+    tmp_dir = tempfile.mkdtemp(prefix="rc-", dir="/tmp")
+    try:
+        yield dict(os.environ, RAY_TMPDIR=tmp_dir)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
 def communicate_or_kill(proc, timeout: float, what: str) -> tuple[str, str]:

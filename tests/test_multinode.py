@@ -11,6 +11,7 @@ import pytest
 
 from rllib_recorder.commands.verify import verify_run
 from rllib_recorder.read.run import open_run
+from tests.helpers import own_cluster_env
 from tests.integrity import check_run
 from tests.test_gather import assert_same_run
 
@@ -21,10 +22,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def cluster_run(tmp_path_factory):
     """Facts of one recording on a three-node cluster and its gather (the session's own Ray is not touched)."""
     tmp = tmp_path_factory.mktemp("cluster")
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "tests", "cluster_script.py"), str(tmp / "rec"), str(tmp / "gathered")],
-        capture_output=True, text=True, timeout=240, cwd=ROOT,
-    )
+    with own_cluster_env() as env:
+        proc = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "tests", "cluster_script.py"), str(tmp / "rec"), str(tmp / "gathered")],
+            capture_output=True, text=True, timeout=240, cwd=ROOT, env=env,
+        )
     assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-2000:]
     facts = json.loads(proc.stdout.strip().splitlines()[-1])
     facts["gathered"] = str(tmp / "gathered")
