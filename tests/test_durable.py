@@ -262,6 +262,54 @@ def test_a_target_the_recorder_cannot_write_is_one_line_before_training(ray_sess
     assert "\n" not in text
 
 
+def test_a_run_recorded_again_at_the_same_uri_reads_as_the_new_run_not_the_old_cached_segments(s3_run, s3, tmp_path):
+    """The cache keeps a segment by its name: a run recorded again at a URI (or the same path on another store), whose
+    segment of the same name and size holds other rows, reads as the new run; the old copy is fetched again, because
+    its index names another SHA-256. (Seen in a suite run: the same node-loss run path on each session's own store
+    read another session's cached segment, every size equal, and its episodes mixed.)"""
+    import hashlib
+
+    import pyarrow.fs as pafs
+
+    COLUMN = "agents/default_agent/fragments/return"
+    fs, cache = s3.filesystem(), str(tmp_path / "cache")
+    pafs.copy_files("runs/exp/sealed", "runs/again/sealed", source_filesystem=fs, destination_filesystem=fs)
+    uri = s3.uri("runs/again/sealed")
+    with open_run(uri, cache_dir=cache) as run:  # the first run, cached
+        (f,) = run.files
+        first = segments.segment_list(f.h5)[0]
+        before = f.h5[COLUMN][:]
+    # the run recorded again: its first segment holds another return for its first fragment, in a file of the same
+    # size (the value's bytes changed where HDF5 keeps them: the column is not compressed), named in its index
+    fs_path = "runs/again/sealed/segments/worker-001/" + first["name"]
+    with fs.open_input_stream(fs_path) as src:
+        data = bytearray(src.read())
+    local = tmp_path / "again.h5"
+    local.write_bytes(data)
+    with h5py.File(local, "r") as seg:
+        column = seg[COLUMN]
+        at, value, compression = column.id.get_chunk_info(0).byte_offset, column[0], column.compression
+    assert compression is None and data[at:at + 8] == np.float64(value).tobytes()
+    data[at:at + 8] = np.float64(value + 1000.0).tobytes()
+    data = bytes(data)
+    assert len(data) == first["size"]
+    with fs.open_output_stream(fs_path) as out:
+        out.write(data)
+    index = tmp_path / "index.h5"
+    with fs.open_input_stream("runs/again/sealed/worker-001.h5") as src:
+        index.write_bytes(src.read())
+    with h5py.File(index, "r+") as h5:
+        listed = json.loads(h5.attrs["segments"])
+        listed["segments"][0]["sha256"] = hashlib.sha256(data).hexdigest()
+        h5.attrs["segments"] = json.dumps(listed)
+    with fs.open_output_stream("runs/again/sealed/worker-001.h5") as out:
+        out.write(index.read_bytes())
+    with open_run(uri, cache_dir=cache) as run:
+        (f,) = run.files
+        after = f.h5[COLUMN][:]
+    assert after[0] == before[0] + 1000.0 and np.array_equal(after[1:], before[1:])
+
+
 def test_an_index_whose_segment_is_gone_is_one_line_not_zeros(ray_session, tmp_path):
     """HDF5 reads a virtual dataset's missing source as fill values: the reader refuses instead, naming the file."""
     import shutil

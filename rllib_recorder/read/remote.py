@@ -1,8 +1,10 @@
 """Reading a run at a durable target: its manifest, indexes and segments copied once to a local cache.
 
-Segments are immutable, so a cached one is fetched again only when its size differs from what its index names
-(and a download is checked against the index's SHA-256 before it is used); the manifest and the indexes are small
-and fetched every time a run is opened, so a run still recording shows its newest sealed segments.
+Segments are immutable, so a cached one is fetched again only when its index names another size or SHA-256 than
+the copy was checked against (a download is checked against the index's SHA-256 before it is used, and the digest
+kept beside it, ``NNNNNN.h5.sha256``): a run recorded again at the same URI, or the same path on another store,
+never reads an older run's segment of the same name and size. The manifest and the indexes are small and fetched
+every time a run is opened, so a run still recording shows its newest sealed segments.
 """
 
 from __future__ import annotations
@@ -59,5 +61,22 @@ def _fetch_segments(target: store.Target, local: str, index: str) -> None:
     for record in records or []:
         rel = segments.target_segment(stem, record["name"])
         path = os.path.join(local, *rel.split("/"))
-        if not (os.path.exists(path) and os.path.getsize(path) == record["size"]):
+        if not _cached(path, record):
             target.get(rel, path, size=record["size"], sha256=record.get("sha256"))
+            if record.get("sha256"):
+                with open(path + ".sha256", "w") as f:
+                    f.write(record["sha256"])
+
+
+def _cached(path: str, record: dict) -> bool:
+    """Whether the cached copy at ``path`` is the segment ``record`` names: its size, and the SHA-256 it was checked
+    against when it was fetched (read from beside it: nothing is hashed again)."""
+    if not (os.path.exists(path) and os.path.getsize(path) == record["size"]):
+        return False
+    if not record.get("sha256"):
+        return True
+    try:
+        with open(path + ".sha256") as f:
+            return f.read() == record["sha256"]
+    except OSError:
+        return False
