@@ -51,7 +51,7 @@ def _progress(proc: subprocess.Popen, lines: int | None = None) -> list[dict]:
 
 
 def figure(case: str, sampled: int, stored: int, extra: str = "") -> None:
-    """One measured figure for docs/RELIABILITY.md's table (``pytest -s`` shows them)."""
+    """One measured figure for docs/RELIABILITY.md's table (``pytest -s -n 0`` shows them)."""
     print(f"\nfigure: {case}: RLlib sampled {sampled}, stored {stored}{extra}")
 
 
