@@ -80,7 +80,8 @@ def _check_episode(episode, kind: str, multi_agent: bool, allow_gaps: bool = Fal
     samples it counted, e.g. to a full disk) an episode may begin part-way: its first fragments were the lost ones."""
     ids = decode(episode.obs, kind)
     assert ids[0, 0] == episode.worker_index % 256, (ids[0], episode)
-    assert (ids[:, 1] == ids[0, 1]).all(), f"{episode} mixes episodes: (worker, episode, t) {ids.tolist()}, t {episode.t.tolist()}"
+    assert (ids[:, 1] == ids[0, 1]).all(), (
+        f"{episode} mixes episodes: (worker, episode, t) {ids.tolist()}, t {episode.t.tolist()}")
     t0 = int(episode.t[0]) if allow_gaps and len(episode) else 0
     np.testing.assert_array_equal(ids[:, 2], (t0 + np.arange(len(ids))) % 256)
     np.testing.assert_array_equal(episode.t, t0 + np.arange(len(episode)))
