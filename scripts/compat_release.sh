@@ -53,5 +53,8 @@ after=$(versions)
 [ "$before" = "$after" ] || { echo "error: installing the project changed $before to $after"; exit 1; }
 echo "$after, installed in $(( $(date +%s) - started )) s"
 cd "$root"
-"$venv/bin/python" -m pytest -q -p no:cacheprovider -m compat
+# in one process (-n 0), as before the suite ran on two workers: on 2.41.0 beside a second worker, the chaos test's
+# killed runner was noticed by RLlib three times, and one more sample than its bound allows reached the callback
+# uncounted (stored 1,680 against RLlib's 1,600, bound 1,640; 7 Dec 2026)
+"$venv/bin/python" -m pytest -q -p no:cacheprovider -n 0 -m compat
 echo "compatibility job for ray $release: passed in $(( $(date +%s) - started )) s"
