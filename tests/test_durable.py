@@ -267,9 +267,9 @@ def test_a_run_recorded_again_at_the_same_uri_reads_as_the_new_run_not_the_old_c
     segment of the same name and size holds other rows, reads as the new run; the old copy is fetched again, because
     its index names another SHA-256. (Seen in a suite run: the same node-loss run path on each session's own store
     read another session's cached segment, every size equal, and its episodes mixed.)"""
-    import hashlib
-
     import pyarrow.fs as pafs
+
+    from rllib_recorder.format import store
 
     COLUMN = "agents/default_agent/fragments/return"
     fs, cache = s3.filesystem(), str(tmp_path / "cache")
@@ -281,29 +281,24 @@ def test_a_run_recorded_again_at_the_same_uri_reads_as_the_new_run_not_the_old_c
         before = f.h5[COLUMN][:]
     # the run recorded again: its first segment holds another return for its first fragment, in a file of the same
     # size (the value's bytes changed where HDF5 keeps them: the column is not compressed), named in its index
-    fs_path = "runs/again/sealed/segments/worker-001/" + first["name"]
-    with fs.open_input_stream(fs_path) as src:
-        data = bytearray(src.read())
-    local = tmp_path / "again.h5"
+    target, rel = store.resolve(uri), segments.target_segment("worker-001", first["name"])
+    local, index = tmp_path / "again.h5", tmp_path / "index.h5"
+    data = bytearray(target.get_bytes(rel))
     local.write_bytes(data)
     with h5py.File(local, "r") as seg:
         column = seg[COLUMN]
         at, value, compression = column.id.get_chunk_info(0).byte_offset, column[0], column.compression
     assert compression is None and data[at:at + 8] == np.float64(value).tobytes()
     data[at:at + 8] = np.float64(value + 1000.0).tobytes()
-    data = bytes(data)
+    local.write_bytes(data)
     assert len(data) == first["size"]
-    with fs.open_output_stream(fs_path) as out:
-        out.write(data)
-    index = tmp_path / "index.h5"
-    with fs.open_input_stream("runs/again/sealed/worker-001.h5") as src:
-        index.write_bytes(src.read())
+    put = target.put(str(local), rel, replace=True)
+    target.get("worker-001.h5", str(index))
     with h5py.File(index, "r+") as h5:
         listed = json.loads(h5.attrs["segments"])
-        listed["segments"][0]["sha256"] = hashlib.sha256(data).hexdigest()
+        listed["segments"][0]["sha256"] = put["sha256"]
         h5.attrs["segments"] = json.dumps(listed)
-    with fs.open_output_stream("runs/again/sealed/worker-001.h5") as out:
-        out.write(index.read_bytes())
+    target.put(str(index), "worker-001.h5", replace=True)
     with open_run(uri, cache_dir=cache) as run:
         (f,) = run.files
         after = f.h5[COLUMN][:]
